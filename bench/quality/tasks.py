@@ -1,0 +1,277 @@
+"""The quality tasks: a small closed language of documents, facts and questions, with a fixed seed.
+
+A prompt is a list of documents (one segment each, every one starting with `<doc>`) and a query
+segment `<q> TASK ARG <a>` whose answer is one token:
+
+    <doc> the of dorap mibo . and Maro with ... kelut soba . ...        (a document)
+    <q> find dorap <a>   -> mibo                 retrieval: the value stated for a key
+    <q> chain kelut <a>  -> dorap mibo           two-hop: kelut's value is another key (dorap),
+                                                 whose own value (mibo) is stated in another
+                                                 document; the answer spells the bridge key, then
+                                                 the value (both must be right)
+    <q> count Maro <a>   -> 3                    aggregation: how many documents mention a name
+
+Facts are `KEY VALUE .` with single-token keys, each key stated once per prompt. A two-hop chain is
+a fact `K1 K2 .` in one document and `K2 V .` in another. Names are single tokens scattered in the
+filler, at most once per document, mentioned by 0-4 documents. Answers are one token (retrieval,
+aggregation) or two (two-hop: the bridge key, then its value, decoded one after the other).
+
+Training prompts carry many queries after the documents (dense supervision: the loss is on every
+answer token); evaluation prompts carry one. All randomness comes from `random.Random` seeded
+from integers, so a (seed, index) pair always gives the same prompt.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# -- the language ------------------------------------------------------------------------------
+SPECIALS = ["<pad>", "<unk>", "<doc>", "<q>", "<a>", "<eos>"]
+TASK_WORDS = {"retrieval": "find", "two_hop": "chain", "aggregation": "count"}
+TASKS = tuple(TASK_WORDS)
+PUNCT = ["."]
+DIGITS = [str(i) for i in range(10)]
+FILLER = (
+    "the of and to in is was for on with as by at from that this it be are or an were which "
+    "has had not but have its also been one their they more after first other new some into "
+    "two all there who would over time when most only up about many out then can her may these "
+    "such so than him could year three while where later well before between both under during "
+    "since made used part people known each city world would any same very should number small "
+    "like long area still those around however through several house began high around west east"
+).split()
+N_KEYS, N_VALUES, N_NAMES = 128, 64, 32
+MAX_COUNT = 4  # aggregation answers are 0 .. MAX_COUNT
+
+_CONS = "bdfgklmnprstvz"
+_VOW = "aeiou"
+
+
+def _pseudo_words(rng: random.Random, n: int, syllables: int, taken: set[str], final: str = "") -> list[str]:
+    out = []
+    while len(out) < n:
+        w = "".join(rng.choice(_CONS) + rng.choice(_VOW) for _ in range(syllables))
+        if final:
+            w += rng.choice(final)
+        if w not in taken:
+            taken.add(w)
+            out.append(w)
+    return out
+
+
+def _build_language():
+    rng = random.Random(20261108)
+    filler = list(dict.fromkeys(FILLER))
+    taken = set(filler) | set(TASK_WORDS.values())
+    keys = _pseudo_words(rng, N_KEYS, 2, taken, final="lnrst")
+    values = _pseudo_words(rng, N_VALUES, 2, taken)
+    names = [w.capitalize() for w in _pseudo_words(rng, N_NAMES, 2, taken, final="mn")]
+    return filler, keys, values, names
+
+
+FILLER_WORDS, KEYS, VALUES, NAMES = _build_language()
+WORDS = SPECIALS + list(TASK_WORDS.values()) + PUNCT + DIGITS + FILLER_WORDS + KEYS + VALUES + NAMES
+
+
+# -- prompts -----------------------------------------------------------------------------------
+@dataclass
+class Query:
+    task: str
+    words: list[str]  # the query segment, e.g. ["<q>", "find", "dorap", "<a>"]
+    answer: list[str]  # answer words, one token each (two-hop: bridge key, value)
+
+
+@dataclass
+class World:
+    """One set of documents and what can be asked about them."""
+
+    docs: list[list[str]]  # each starts with "<doc>"
+    facts: dict[str, str]  # key -> value (a value word, or a key word for a chain head)
+    fact_doc: dict[str, int]  # key -> index of the document stating it
+    chains: list[tuple[str, str, str]]  # (k1, k2, value): k1 -> k2 in one doc, k2 -> value in another
+    name_counts: dict[str, int]  # name -> number of documents mentioning it (absent names: 0)
+    queries: list[Query] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(d) for d in self.docs)
+
+
+def make_world(rng: random.Random, n_docs: int, filler: tuple[int, int], facts: tuple[int, int] = (2, 4),
+               mentions: tuple[int, int] = (1, 3)) -> World:
+    """`n_docs` documents with `facts` facts, `mentions` name mentions and `filler` filler words each."""
+    n_facts = [rng.randint(*facts) for _ in range(n_docs)]
+    keys = rng.sample(KEYS, sum(n_facts))
+    fact_doc: dict[str, int] = {}
+    it = iter(keys)
+    per_doc: list[list[str]] = []
+    for d, n in enumerate(n_facts):
+        ks = [next(it) for _ in range(n)]
+        per_doc.append(ks)
+        for k in ks:
+            fact_doc[k] = d
+    facts_map = {k: rng.choice(VALUES) for k in keys}
+    # two-hop chains: a head fact's value becomes the key of a fact in another document
+    chains: list[tuple[str, str, str]] = []
+    if n_docs >= 2:
+        order = keys[:]
+        rng.shuffle(order)
+        used: set[str] = set()
+        want = max(1, len(keys) // 4)
+        for k1 in order:
+            if len(chains) >= want:
+                break
+            if k1 in used:
+                continue
+            cands = [k for k in order if k not in used and k != k1 and fact_doc[k] != fact_doc[k1]]
+            if not cands:
+                continue
+            k2 = rng.choice(cands)
+            used.update((k1, k2))
+            facts_map[k1] = k2
+            chains.append((k1, k2, facts_map[k2]))
+    # names: each mentioned by 1..MAX_COUNT documents, at most once per document
+    slots = [rng.randint(*mentions) for _ in range(n_docs)]
+    names = rng.sample(NAMES, len(NAMES))
+    doc_names: list[list[str]] = [[] for _ in range(n_docs)]
+    name_counts: dict[str, int] = {}
+    for name in names:
+        free = [d for d in range(n_docs) if len(doc_names[d]) < slots[d]]
+        if not free:
+            break
+        c = min(rng.randint(1, MAX_COUNT), len(free))
+        for d in rng.sample(free, c):
+            doc_names[d].append(name)
+        name_counts[name] = c
+    docs = []
+    for d in range(n_docs):
+        items: list[list[str]] = [[k, facts_map[k], "."] for k in per_doc[d]] + [[n] for n in doc_names[d]]
+        items += [[w] for w in rng.choices(FILLER_WORDS, k=rng.randint(*filler))]
+        # keep the items of a fact together; shuffle everything else around them
+        rng.shuffle(items)
+        docs.append(["<doc>"] + [w for item in items for w in item])
+    return World(docs, facts_map, fact_doc, chains, name_counts)
+
+
+def make_query(rng: random.Random, world: World, task: str, train: bool = False) -> Query:
+    w = TASK_WORDS[task]
+    if task == "retrieval":
+        heads = {c[0] for c in world.chains}
+        pool = list(world.facts) if train else [k for k in world.facts if k not in heads]
+        k = rng.choice(pool)
+        return Query(task, ["<q>", w, k, "<a>"], [world.facts[k]])
+    if task == "two_hop":
+        k1, k2, v = rng.choice(world.chains)
+        return Query(task, ["<q>", w, k1, "<a>"], [k2, v])
+    if task == "aggregation":
+        c = rng.randint(0, MAX_COUNT)
+        with_c = [n for n, m in world.name_counts.items() if m == c]
+        if c == 0 or not with_c:
+            absent = [n for n in NAMES if n not in world.name_counts]
+            if c == 0 and absent:
+                return Query(task, ["<q>", w, rng.choice(absent), "<a>"], ["0"])
+            n = rng.choice(list(world.name_counts))
+            return Query(task, ["<q>", w, n, "<a>"], [str(world.name_counts[n])])
+        n = rng.choice(with_c)
+        return Query(task, ["<q>", w, n, "<a>"], [str(c)])
+    raise ValueError(f"unknown task {task!r}")
+
+
+# -- evaluation prompts --------------------------------------------------------------------------
+EVAL_SEED = 7_000_003
+EVAL_DOCS = 8
+EVAL_FILLER = (34, 54)  # words per document: 8 documents, ~450 tokens in all
+
+
+def eval_prompt(task: str, index: int, seed: int = EVAL_SEED, n_docs: int = EVAL_DOCS,
+                filler: tuple[int, int] = EVAL_FILLER) -> tuple[World, Query]:
+    """Held-out prompt `index` of `task` (its own seed stream, disjoint from training)."""
+    rng = random.Random(seed * 1_000_003 + TASKS.index(task) * 100_003 + index)
+    world = make_world(rng, n_docs, filler)
+    return world, make_query(rng, world, task)
+
+
+# -- training batches ----------------------------------------------------------------------------
+@dataclass
+class Curriculum:
+    """Number of documents grows from `start` to `end` over the first `ramp` of training."""
+
+    start: int = 3
+    end: int = 12
+    ramp: float = 0.35
+    spread: int = 6
+    filler: tuple[int, int] = (10, 50)
+
+    def docs(self, rng: random.Random, frac: float) -> int:
+        hi = round(self.start + (self.end - self.start) * min(1.0, frac / self.ramp))
+        return rng.randint(max(2, hi - self.spread), hi)
+
+
+TRAIN_MIX = {"retrieval": 0.34, "two_hop": 0.33, "aggregation": 0.33}
+
+
+def train_sequence(rng: random.Random, n_docs: int, filler: tuple[int, int], n_queries: tuple[int, int] = (24, 32),
+                   mix: dict[str, float] = TRAIN_MIX) -> tuple[list[str], list[tuple[int, str, str]]]:
+    """Documents then many queries; returns the words and, for every answer token, (position
+    whose next-token prediction is that token, answer word, task). A query is not repeated while
+    unasked ones of its task remain (a repeat could be answered by copying the earlier answer)."""
+    world = make_world(rng, n_docs, filler)
+    words = [w for d in world.docs for w in d]
+    targets = []
+    tasks, weights = zip(*mix.items())
+    seen: set[tuple[str, ...]] = set()
+    for _ in range(rng.randint(*n_queries)):
+        task = rng.choices(tasks, weights)[0]
+        for _attempt in range(8):
+            q = make_query(rng, world, task, train=True)
+            if tuple(q.words) not in seen:
+                break
+        seen.add(tuple(q.words))
+        words += q.words
+        for a in q.answer:
+            targets.append((len(words) - 1, a, q.task))
+            words.append(a)
+    return words, targets
+
+
+# -- tokenizer -------------------------------------------------------------------------------------
+def corpus(n: int = 3000, seed: int = 1):
+    rng = random.Random(seed)
+    for _ in range(n):
+        words, _ = train_sequence(rng, rng.randint(2, 16), (10, 50))
+        yield " ".join(words)
+
+
+def train_tokenizer(out_dir: Path | str):
+    """A WordLevel tokenizer trained with `tokenizers` on generated text, saved so that
+    `AutoTokenizer.from_pretrained(out_dir)` loads it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    trained = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    trained.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.WordLevelTrainer(min_frequency=1, show_progress=False)
+    trained.train_from_iterator(list(corpus()) + [" ".join(WORDS)], trainer=trainer)
+    # ids: the special tokens first (0..5, fixed), then the trained vocabulary in its own
+    # (frequency) order, renumbered contiguously
+    learned = [w for w, _ in sorted(trained.get_vocab().items(), key=lambda kv: kv[1]) if w not in SPECIALS]
+    vocab = {w: i for i, w in enumerate(SPECIALS + learned)}
+    missing = [w for w in WORDS if w not in vocab]
+    if missing or len(vocab) != len(WORDS):
+        raise RuntimeError(f"tokenizer vocabulary does not match the language: missing {missing[:5]}")
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(SPECIALS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>", bos_token="<doc>",
+        model_max_length=4096,
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def word_ids(tokenizer) -> dict[str, int]:
+    vocab = tokenizer.get_vocab()
+    return {w: vocab[w] for w in WORDS}

@@ -1,0 +1,145 @@
+"""Cost of building segment summaries (T_C, S(C|0)) vs the plain chunked prefill, per family.
+
+    python -m bench.transition [--lengths 512 1024 2048 4096 8192] [--H 4 --K 64 --V 64] [--reps 3]
+
+For each family and segment length it times, on the torch chunk path (CPU here):
+  prefill  linear_attention over the segment -> (o, S)                  (what a prefill costs)
+  fused    prefill_with_summary -> (o, S, T) in one pass                 (what a scatter worker runs)
+  summary  segment_summary -> (T, S) without outputs
+and reports fused/prefill - 1 (the overhead of caching T during a prefill) and summary/prefill.
+Then the time to compose n = 64 cached segments (compose_batched, one layer, all heads) vs the
+chunked prefill of the 64 segments' tokens that the composition replaces.
+Timings interleave the variants and keep the best of --reps runs; by default one thread and the
+process CPU clock, which stays meaningful when other jobs share the cores (--clock wall for wall time).
+Writes bench/results/transition.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from kernels.compose import compose_batched, stack_summaries
+from kernels.linear_attn import (
+    DELTA_FAMILIES,
+    FAMILIES,
+    FAMILY_GATE,
+    linear_attention,
+    prefill_with_summary,
+    segment_summary,
+)
+
+
+def make_inputs(family, T, H, K, V, gen):
+    q = torch.randn(1, T, H, K, generator=gen)
+    k = torch.randn(1, T, H, K, generator=gen)
+    v = torch.randn(1, T, H, V, generator=gen)
+    if family in DELTA_FAMILIES:
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    gate = FAMILY_GATE[family]
+    g = None
+    if gate == "head":
+        g = -torch.rand(H, generator=gen) * 0.1
+    elif gate == "token":
+        g = F.logsigmoid(torch.randn(1, T, H, generator=gen) + 3.0)
+    elif gate == "channel":
+        g = F.logsigmoid(torch.randn(1, T, H, K, generator=gen) + 4.0)
+    beta = torch.rand(1, T, H, generator=gen) if family in DELTA_FAMILIES else None
+    return q, k, v, g, beta
+
+
+CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
+_clock = time.process_time
+
+
+def best_of(fns: dict, reps: int) -> dict:
+    for f in fns.values():
+        f()
+    best = {name: float("inf") for name in fns}
+    for _ in range(reps):
+        for name, f in fns.items():
+            t0 = _clock()
+            f()
+            best[name] = min(best[name], _clock() - t0)
+    return best
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--families", nargs="+", default=list(FAMILIES))
+    ap.add_argument("--lengths", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192])
+    ap.add_argument("--H", type=int, default=4)
+    ap.add_argument("--K", type=int, default=64)
+    ap.add_argument("--V", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--n-compose", type=int, default=64)
+    ap.add_argument("--compose-seg-len", type=int, default=512)
+    ap.add_argument("--json", default="bench/results/transition.json")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=sorted(CLOCK), default="cpu",
+                    help="cpu: process CPU time (robust when other jobs share the cores; use with 1 thread)")
+    a = ap.parse_args(argv)
+    global _clock
+    _clock = CLOCK[a.clock]
+    torch.set_num_threads(a.threads)
+    torch.set_flush_denormal(True)
+    gen = torch.Generator().manual_seed(0)
+    H, K, V = a.H, a.K, a.V
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {a.clock} clock, H={H} K={K} V={V}, "
+          f"B=1, fp32, load avg {os.getloadavg()[0]:.2f}")
+    rows = []
+    hdr = f"{'family':<15}{'T':>6}{'prefill ms':>12}{'fused ms':>10}{'summary ms':>12}{'fused ovh':>11}{'summ/prefill':>14}"
+    print(hdr)
+    print("-" * len(hdr))
+    for fam in a.families:
+        for T in a.lengths:
+            q, k, v, g, beta = make_inputs(fam, T, H, K, V, gen)
+            fns = {
+                "prefill": lambda: linear_attention(fam, q, k, v, g=g, beta=beta),
+                "fused": lambda: prefill_with_summary(fam, q, k, v, g=g, beta=beta),
+                "summary": lambda: segment_summary(fam, k, v, g=g, beta=beta),
+            }
+            t = best_of(fns, a.reps)
+            row = dict(family=fam, T=T, H=H, K=K, V=V, prefill_s=t["prefill"], fused_s=t["fused"],
+                       summary_s=t["summary"], fused_overhead=t["fused"] / t["prefill"] - 1,
+                       summary_over_prefill=t["summary"] / t["prefill"])
+            rows.append(row)
+            print(f"{fam:<15}{T:>6}{t['prefill']*1e3:>12.2f}{t['fused']*1e3:>10.2f}{t['summary']*1e3:>12.2f}"
+                  f"{100*row['fused_overhead']:>10.1f}%{100*row['summary_over_prefill']:>13.1f}%")
+
+    n, L = a.n_compose, a.compose_seg_len
+    print(f"\ncompose n={n} cached segments of {L} tokens (one layer, {H} heads) vs prefilling their {n*L} tokens")
+    hdr2 = f"{'family':<15}{'form':>8}{'compose ms':>12}{'per seg us':>12}{'prefill ms':>12}{'speedup':>10}"
+    print(hdr2)
+    print("-" * len(hdr2))
+    comp_rows = []
+    for fam in a.families:
+        q, k, v, g, beta = make_inputs(fam, n * L, H, K, V, gen)
+        sl = lambda x, i: None if x is None else (x if x.dim() == 1 else x[:, i * L : (i + 1) * L])
+        sums = [segment_summary(fam, sl(k, i), sl(v, i), g=sl(g, i), beta=sl(beta, i)) for i in range(n)]
+        Ts, Ss, form = stack_summaries(sums)
+        S_in = torch.randn(Ss.shape[1:], generator=gen)
+        t = best_of({
+            "compose": lambda: compose_batched(Ts, Ss, S_in, form=form),
+            "prefill": lambda: linear_attention(fam, q, k, v, g=g, beta=beta),
+        }, a.reps)
+        r = dict(family=fam, form=form, n=n, seg_len=L, compose_s=t["compose"], prefill_s=t["prefill"],
+                 speedup=t["prefill"] / t["compose"])
+        comp_rows.append(r)
+        print(f"{fam:<15}{form:>8}{t['compose']*1e3:>12.3f}{t['compose']/n*1e6:>12.1f}{t['prefill']*1e3:>12.1f}"
+              f"{r['speedup']:>9.0f}x")
+    if a.json:
+        os.makedirs(os.path.dirname(a.json), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(dict(torch=torch.__version__, threads=torch.get_num_threads(), clock=a.clock, H=H, K=K, V=V,
+                           loadavg=os.getloadavg()[0], build=rows, compose=comp_rows), f, indent=1)
+        print(f"\nwrote {a.json}")
+    return rows, comp_rows
+
+
+if __name__ == "__main__":
+    main()

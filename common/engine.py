@@ -1,0 +1,194 @@
+"""HybridEngine: load a hybrid checkpoint, prefill (whole or continued), decode, generate.
+
+    eng = HybridEngine.from_pretrained(path, dtype=torch.float32, device="cpu")
+    out = eng.prefill(token_ids, state=None)        # PrefillOutput(.logits [vocab], .state)
+    logits, state = eng.decode_step(token_id, state)
+    tokens = eng.generate(token_ids, max_new_tokens=32, temperature=0.0)
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from common.loader import CheckpointReader, load_weights
+from common.models import TEXT_SUBCONFIG, UnsupportedArchitecture, model_class
+from common.state import ModelState
+
+
+@dataclass
+class PrefillOutput:
+    logits: torch.Tensor  # [vocab] fp32, next-token logits after the last prompt token
+    state: ModelState
+    all_logits: torch.Tensor | None = None  # [T, vocab] when asked for
+    extra: dict = field(default_factory=dict)
+
+
+def _read_config(path: Path):
+    from transformers import AutoConfig
+
+    raw = json.loads((path / "config.json").read_text())
+    model_type = raw.get("model_type")
+    from common.models import MODEL_REGISTRY
+
+    if model_type not in MODEL_REGISTRY:
+        raise UnsupportedArchitecture(
+            f"unsupported architecture {model_type!r} in {path}/config.json; "
+            f"supported: {', '.join(sorted(MODEL_REGISTRY))}"
+        )
+    cfg = AutoConfig.from_pretrained(str(path))
+    sub = TEXT_SUBCONFIG.get(model_type)
+    text_cfg = getattr(cfg, sub) if sub else cfg
+    return model_type, cfg, text_cfg
+
+
+class HybridEngine:
+    def __init__(self, model, model_type: str, config, dtype: torch.dtype, device, tokenizer=None,
+                 fingerprint: str = ""):
+        self.model = model
+        self.model_type = model_type
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.tokenizer = tokenizer
+        self.fingerprint = fingerprint
+        self.vocab_size = model.vocab_size
+        self.num_layers = len(model.layers)
+        from common.pic.prefix import PrefixCache
+
+        self.prefix_cache = PrefixCache()
+
+    # -- loading ---------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, device="cpu", load_tokenizer: bool = True):
+        path = Path(path)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"no config.json in {path}")
+        model_type, cfg, text_cfg = _read_config(path)
+        Model = model_class(model_type)
+        with torch.device("meta"):
+            model = Model(text_cfg)
+        reader = CheckpointReader(path, model_type)
+        load_weights(model, reader, model.checkpoint_name_fn(reader), dtype, device, keep_fp32=model.fp32_params)
+        model.eval()
+        tokenizer = None
+        if load_tokenizer and (path / "tokenizer.json").exists():
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+        return cls(model, model_type, text_cfg, dtype, device, tokenizer, _fingerprint(path))
+
+    # -- core --------------------------------------------------------------------------------
+    def new_state(self) -> ModelState:
+        return ModelState.empty(self.num_layers)
+
+    def check_tokens(self, token_ids: Sequence[int]) -> list[int]:
+        ids = [int(t) for t in token_ids]
+        bad = [t for t in ids if t < 0 or t >= self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        return ids
+
+    @torch.inference_mode()
+    def forward(self, token_ids: Sequence[int], state: ModelState | None = None, all_logits: bool = False):
+        """Run tokens from `state` (not mutated). Returns (hidden [T, D], logits, new state)."""
+        ids = self.check_tokens(token_ids)
+        if not ids:
+            raise ValueError("empty token sequence")
+        state = self.new_state() if state is None else state
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        hidden, new_state = self.model(x, state)
+        h = hidden[0] if all_logits else hidden[0, -1:]
+        return hidden[0], self.model.logits(h), new_state
+
+    def prefill(self, token_ids: Sequence[int], state: ModelState | None = None, chunk_size: int | None = None,
+                return_all_logits: bool = False) -> PrefillOutput:
+        """Prefill `token_ids` after `state` (None: from the start), optionally chunk after chunk."""
+        ids = list(token_ids)
+        if not ids:
+            raise ValueError("empty token sequence")
+        step = chunk_size or len(ids)
+        pieces = []
+        for s in range(0, len(ids), step):
+            _, logits, state = self.forward(ids[s : s + step], state, all_logits=return_all_logits)
+            pieces.append(logits)
+        return PrefillOutput(
+            logits=pieces[-1][-1],
+            state=state,
+            all_logits=torch.cat(pieces, 0) if return_all_logits else None,
+        )
+
+    # -- position-independent caching (common.pic) -------------------------------------------
+    def build_entry(self, token_ids: Sequence[int], seam: int = 8):
+        """Prefill one segment alone and keep what its reuse needs (a SegmentEntry)."""
+        from common.pic import build_entry
+
+        return build_entry(self, token_ids, seam)
+
+    def prefill_segments(self, segments, query, entries=None, mode: str = "hypic", seam: int = 8,
+                         order: str = "segment") -> PrefillOutput:
+        """Prefill `segments` (token-id lists) then `query` in mode full | prefix | naive | hypic.
+
+        `entries`: a SegmentEntry or None per segment (None: built now, returned in
+        out.extra["entries"] for caching). `order`: "segment" (segment-major) or "layer"
+        (batched layer-major); both give the same numbers."""
+        from common.pic import prefill_segments
+
+        return prefill_segments(self, segments, query, entries, mode, seam, order)
+
+    def decode_step(self, token_id: int, state: ModelState) -> tuple[torch.Tensor, ModelState]:
+        _, logits, state = self.forward([token_id], state)
+        return logits[-1], state
+
+    def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
+                 eos_token_id: int | None = None, seed: int | None = None) -> list[int]:
+        """Greedy (temperature 0) or sampled continuation of a token list or of a PrefillOutput."""
+        out = prompt if isinstance(prompt, PrefillOutput) else self.prefill(prompt)
+        logits, state = out.logits, out.state
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        tokens: list[int] = []
+        for i in range(max_new_tokens):
+            tok = _pick(logits, temperature, top_k, gen)
+            tokens.append(tok)
+            if tok == eos_token_id or i == max_new_tokens - 1:
+                break
+            logits, state = self.decode_step(tok, state)
+        return tokens
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int, gen) -> int:
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    logits = logits.float() / temperature
+    if top_k > 0:
+        v, _ = torch.topk(logits, top_k)
+        logits = logits.masked_fill(logits < v[-1], float("-inf"))
+    return int(torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=gen))
+
+
+def _fingerprint(path: Path) -> str:
+    """Identifies the weights (config + safetensors bytes), stable across processes and machines.
+
+    Checkpoints up to 1 GiB are hashed whole; larger ones by their headers, sizes and a 1 MiB
+    sample every 64 MiB, so that a 100 GB model still loads in seconds.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update((path / "config.json").read_bytes())
+    files = sorted(path.glob("*.safetensors"))
+    whole = sum(f.stat().st_size for f in files) <= 1 << 30
+    for f in files:
+        size = f.stat().st_size
+        h.update(f.name.encode() + size.to_bytes(8, "little"))
+        with open(f, "rb") as fh:
+            if whole:
+                for block in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(block)
+            else:
+                for off in range(0, size, 64 << 20):
+                    fh.seek(off)
+                    h.update(fh.read(1 << 20))
+    return h.hexdigest()

@@ -1,0 +1,88 @@
+"""What every hybrid model of ours has: embeddings, a stack of layers with explicit state, a head.
+
+A layer is `forward(x [B,T,D], layer_state, ctx) -> (x, new_layer_state)`; it never mutates the
+state it was given, so a caller may keep an old state (a cached prefix) and continue from it twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from common.state import ModelState
+
+
+@dataclass
+class ForwardContext:
+    positions: torch.Tensor  # [T] absolute positions of the tokens in this call
+    cache: dict = field(default_factory=dict)  # per-call memo (rotary cos/sin, ...)
+    layer: int = -1  # index of the layer running now
+    # Set by the batched (layer-major) seam recompute of common.pic: it runs linear mixers itself
+    # and lays out attention keys around cached segment bodies (see common.layers.attention.attend).
+    plan: object | None = None
+
+    def mix(self, mixer, x, state):
+        """Layers call their token mixer through here so a plan can take the call over."""
+        if self.plan is not None and getattr(mixer, "family", None) is not None:
+            return self.plan.run_linear(mixer, x, self)
+        return mixer(x, state, self)
+
+
+class HybridLM(nn.Module):
+    """Subclasses build `embed_tokens`, `layers`, `norm`, `lm_head` (or tie it) and set the fields
+    below; the forward pass is the same for every architecture."""
+
+    arch: str = "?"
+    # Checkpoint name of our parameter `p` is prefix + p (lm_head.* is taken as is).
+    checkpoint_prefixes: tuple[str, ...] = ("model.",)
+    embedding_name: str = "embed_tokens.weight"
+    # Parameters kept in fp32 whatever the model dtype (decay constants).
+    fp32_params: tuple[str, ...] = ("A_log", "dt_bias")
+
+    def __init__(self):
+        super().__init__()
+        self.tie_word_embeddings = False
+        self.layer_kinds: list[str] = []  # per layer: "linear", "attention" or "mlp"
+        self.vocab_size = 0
+
+    # -- forward -----------------------------------------------------------------------------
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, state: ModelState, ctx: ForwardContext | None = None,
+                seq_len_after: int | None = None) -> tuple[torch.Tensor, ModelState]:
+        """input_ids [B, T] -> (final hidden [B, T, D] after the last norm, new state)."""
+        T = input_ids.shape[1]
+        if ctx is None:
+            ctx = ForwardContext(positions=torch.arange(state.seq_len, state.seq_len + T, device=input_ids.device))
+        x = self.embed(input_ids)
+        new_layers = list(state.layers)
+        for i, layer in enumerate(self.layers):
+            ctx.layer = i
+            x, new_layers[i] = layer(x, state.layers[i], ctx)
+        seq_len = state.seq_len + T if seq_len_after is None else seq_len_after
+        new_state = ModelState(layers=new_layers, seq_len=seq_len, extra=dict(state.extra))
+        return self.norm(x), new_state
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        w = self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, w).float()
+
+    # -- loading -----------------------------------------------------------------------------
+    def checkpoint_name_fn(self, reader):
+        prefix = next((p for p in self.checkpoint_prefixes if p + self.embedding_name in reader), None)
+        if prefix is None:
+            from common.loader import CheckpointError
+
+            raise CheckpointError(
+                f"{self.arch}: checkpoint {reader.path} has no embedding weight "
+                f"({' or '.join(p + self.embedding_name for p in self.checkpoint_prefixes)})"
+            )
+
+        def name_of(p: str) -> str | None:
+            if p.startswith("lm_head."):
+                return None if self.tie_word_embeddings else p
+            return prefix + p
+
+        return name_of

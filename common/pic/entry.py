@@ -1,0 +1,154 @@
+"""SegmentEntry: what Hypic caches for one segment, and its byte format.
+
+An entry is built by prefilling the segment alone, as if it started the prompt. Its first `seam`
+tokens are not cached (they are recomputed at reuse under the real prefix); the rest, the body, is
+kept per layer:
+
+- linear layer: the transition operator T and zero-start state S of the body's *cached span*
+  (body tokens after the conv warm-up, see below), the conv tail (the last kernel-1 conv inputs
+  of the body), and the layer inputs of the warm-up tokens: body tokens whose short conv would
+  reach back before the segment (only when seam < kernel-1); they are re-run at reuse with the
+  real conv state so that the linear layer sees exactly what the full run sees.
+- full-attention layer: the body's keys and values at their cache-time positions (seam ..
+  n_tokens-1); reuse rotates them to their real positions.
+
+Bytes: b"HYPE" | u32 header length | header JSON | safetensors payload. The header carries the
+metadata and a blake2b checksum of the payload, so a corrupted entry is refused, never used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+MAGIC = b"HYPE"
+FORMAT_VERSION = 1
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+class EntryError(ValueError):
+    """An entry that cannot be used: corrupted, or built for another model, seam or dtype."""
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    return dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
+
+
+def segment_key(model_fingerprint: str, seam: int, dtype: torch.dtype | str, token_ids: Sequence[int]) -> str:
+    """Content address of a segment entry: the same everywhere (never Python's hash())."""
+    h = hashlib.blake2b(digest_size=20, person=b"hypic-seg-v1")
+    h.update(model_fingerprint.encode() + b"\0" + dtype_name(dtype).encode() + b"\0")
+    h.update(struct.pack("<iI", int(seam), len(token_ids)))
+    h.update(struct.pack(f"<{len(token_ids)}I", *[int(t) for t in token_ids]))
+    return h.hexdigest()
+
+
+@dataclass
+class LinearBody:
+    T: torch.Tensor  # structured transition operator of the cached span (fp32)
+    form: str  # "scalar" | "vector" | "matrix"
+    S: torch.Tensor  # [1, H, K, V] zero-start end state of the cached span (fp32)
+    conv_tail: torch.Tensor | None  # [1, C, <= kernel-1] conv inputs of the body's last tokens
+    warmup_inputs: torch.Tensor | None  # [1, n_warm, D] mixer inputs of the warm-up tokens
+
+
+@dataclass
+class AttentionBody:
+    keys: torch.Tensor  # [1, kv_heads, body_len, D] rotated to positions seam..n_tokens-1
+    values: torch.Tensor
+
+
+@dataclass
+class SegmentEntry:
+    token_ids: list[int]
+    seam: int  # seam width the entry was built with
+    model_fingerprint: str
+    dtype: str
+    layers: list[LinearBody | AttentionBody | None] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seam_len(self) -> int:
+        return min(self.seam, self.n_tokens)
+
+    @property
+    def body_len(self) -> int:
+        return self.n_tokens - self.seam_len
+
+    @property
+    def seam_tokens(self) -> list[int]:
+        return self.token_ids[: self.seam_len]
+
+    @property
+    def key(self) -> str:
+        return segment_key(self.model_fingerprint, self.seam, self.dtype, self.token_ids)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._tensors().values())
+
+    # -- bytes ------------------------------------------------------------------------------
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for i, body in enumerate(self.layers):
+            if isinstance(body, LinearBody):
+                out[f"{i}.T"], out[f"{i}.S"] = body.T, body.S
+                if body.conv_tail is not None:
+                    out[f"{i}.conv"] = body.conv_tail
+                if body.warmup_inputs is not None:
+                    out[f"{i}.warm"] = body.warmup_inputs
+            elif isinstance(body, AttentionBody):
+                out[f"{i}.k"], out[f"{i}.v"] = body.keys, body.values
+        return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+    def to_bytes(self) -> bytes:
+        payload = st_save(self._tensors())
+        kinds = [
+            "linear:" + b.form if isinstance(b, LinearBody) else "attention" if isinstance(b, AttentionBody) else "none"
+            for b in self.layers
+        ]
+        header = dict(
+            version=FORMAT_VERSION, token_ids=self.token_ids, seam=self.seam, fingerprint=self.model_fingerprint,
+            dtype=self.dtype, layers=kinds, checksum=hashlib.blake2b(payload, digest_size=16).hexdigest(),
+        )
+        hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        return MAGIC + struct.pack("<I", len(hb)) + hb + payload
+
+    @classmethod
+    def from_bytes(cls, data: bytes, device="cpu") -> "SegmentEntry":
+        if len(data) < 8 or data[:4] != MAGIC:
+            raise EntryError("not a segment entry (bad magic)")
+        (n,) = struct.unpack("<I", data[4:8])
+        try:
+            header = json.loads(data[8 : 8 + n])
+        except ValueError as e:
+            raise EntryError(f"corrupted entry header: {e}") from None
+        if header.get("version") != FORMAT_VERSION:
+            raise EntryError(f"entry format version {header.get('version')} (expected {FORMAT_VERSION})")
+        payload = data[8 + n :]
+        if hashlib.blake2b(payload, digest_size=16).hexdigest() != header["checksum"]:
+            raise EntryError("entry checksum mismatch: corrupted payload")
+        tensors = st_load(payload)
+        layers: list[LinearBody | AttentionBody | None] = []
+        for i, kind in enumerate(header["layers"]):
+            if kind.startswith("linear:"):
+                layers.append(LinearBody(
+                    T=tensors[f"{i}.T"].to(device), form=kind.split(":", 1)[1], S=tensors[f"{i}.S"].to(device),
+                    conv_tail=tensors[f"{i}.conv"].to(device) if f"{i}.conv" in tensors else None,
+                    warmup_inputs=tensors[f"{i}.warm"].to(device) if f"{i}.warm" in tensors else None,
+                ))
+            elif kind == "attention":
+                layers.append(AttentionBody(tensors[f"{i}.k"].to(device), tensors[f"{i}.v"].to(device)))
+            else:
+                layers.append(None)
+        return cls(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers)

@@ -1,0 +1,305 @@
+"""Reuse prefill: a prompt `seg_1 .. seg_n, query` from cached segment entries (DESIGN §2).
+
+Segment-major (`prefill_segment_major`), the order that can start before the last entry arrives:
+
+    state := empty
+    for each segment i:
+        its seam tokens go through every layer from `state` at their real positions
+        (full attention sees everything before; linear layers run from the running state);
+        its cached body is applied: linear layer -> warm-up tokens re-run with the real conv
+        state, then S := T_body . S + S_body, conv := body tail; attention layer -> body keys
+        rotated to their real positions and appended.
+    the query goes through every layer as a normal chunk.
+
+Layer-major (`prefill_layer_major`), what a GPU wants: all seams of all segments pass through a
+layer together; a linear layer computes every seam's (T, S|0) at once, runs the short scan of
+compositions over segments, then all seam outputs from their incoming states; an attention layer
+lays the seam keys out between the cached bodies and masks by real position. Both orders give
+the same numbers (tests hold them to float round-off).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from common.models.base import ForwardContext
+from common.pic.entry import AttentionBody, LinearBody, SegmentEntry
+from common.state import AttentionLayerState, LinearLayerState, ModelState
+from kernels.linear_attn import linear_attention
+from kernels.linear_attn.chunk import chunk_with_transition
+from kernels.linear_attn.naive import DELTA_FAMILIES
+
+
+# -- transition operators ------------------------------------------------------------------------
+def span_summary(family: str, k, v, g, beta) -> tuple[torch.Tensor, str, torch.Tensor]:
+    """(T, form, S) of a token span fed to a linear layer (fp32, structured T)."""
+    delta = family in DELTA_FAMILIES
+    _, S, T = chunk_with_transition(None, k, v, g=g, beta=beta if (delta or beta is not None) else None, delta=delta)
+    form = "matrix" if delta else ("vector" if T.dim() == 3 else "scalar")
+    return T, form, S
+
+
+def identity_T(form: str, B: int, H: int, K: int, device) -> torch.Tensor:
+    if form == "matrix":
+        return torch.eye(K, device=device).expand(B, H, K, K).clone()
+    if form == "vector":
+        return torch.ones(B, H, K, device=device)
+    return torch.ones(B, H, device=device)
+
+
+def apply_T(T: torch.Tensor, form: str, S: torch.Tensor) -> torch.Tensor:
+    """T . S for a structured T (fp32)."""
+    S = S.float()
+    if form == "scalar":
+        return T[..., None, None] * S
+    if form == "vector":
+        return T[..., None] * S
+    return T @ S
+
+
+def _conv_cat(tail: torch.Tensor, new: torch.Tensor | None, width: int) -> torch.Tensor:
+    if new is None or new.shape[-1] == 0:
+        return tail
+    return torch.cat([tail.to(new.dtype), new], dim=-1)[..., -width:] if width > 0 else tail
+
+
+# -- building an entry ---------------------------------------------------------------------------
+@torch.inference_mode()
+def build_entry(engine, token_ids, seam: int) -> SegmentEntry:
+    ids = engine.check_tokens(token_ids)
+    if not ids:
+        raise ValueError("empty segment")
+    if seam < 0:
+        raise ValueError(f"seam width must be >= 0, got {seam}")
+    model = engine.model
+    captured: dict[int, torch.Tensor] = {}
+    hooks = []
+    for i, layer in enumerate(model.layers):
+        if layer.kind == "linear":
+            hooks.append(layer.mixer.register_forward_pre_hook(lambda m, args, i=i: captured.__setitem__(i, args[0])))
+    try:
+        _, _, state = engine.forward(ids, engine.new_state())
+    finally:
+        for h in hooks:
+            h.remove()
+    L, w = len(ids), min(seam, len(ids))
+    layers: list = []
+    for i, layer in enumerate(model.layers):
+        if layer.kind == "linear":
+            layers.append(_linear_body(layer.mixer, captured[i], L, w))
+        elif layer.kind == "attention":
+            st = state.layers[i]
+            layers.append(AttentionBody(st.keys[:, :, w:].clone(), st.values[:, :, w:].clone()))
+        else:
+            layers.append(None)
+    return SegmentEntry(ids, seam, engine.fingerprint, _dtype_name(engine.dtype), layers)
+
+
+def _linear_body(mixer, x: torch.Tensor, L: int, w: int) -> LinearBody:
+    c = mixer.conv_kernel
+    warm_end = min(L, max(w, c - 1))
+    q, k, v, g, beta, _aux, _ = mixer.features(x, None)
+    H, K = k.shape[2], k.shape[3]
+    if warm_end < L:
+        sl = slice(warm_end, L)
+        T, form, S = span_summary(mixer.family, k[:, sl], v[:, sl], _sl(g, sl), _sl(beta, sl))
+    else:
+        form = _form_of(mixer.family, g)
+        T = identity_T(form, 1, H, K, k.device)
+        S = torch.zeros(1, H, K, v.shape[-1], device=k.device)
+    u = mixer.conv_inputs(x)  # [1, L, C]
+    conv_tail = u[:, max(w, L - (c - 1)) :].transpose(1, 2).contiguous() if L > w and c > 1 else None
+    warm = x[:, w:warm_end].contiguous() if warm_end > w else None
+    return LinearBody(T=T.contiguous(), form=form, S=S.contiguous(), conv_tail=conv_tail, warmup_inputs=warm)
+
+
+def _form_of(family: str, g) -> str:
+    if family in DELTA_FAMILIES:
+        return "matrix"
+    return "vector" if g is not None and g.dim() == 4 else "scalar"
+
+
+def _sl(t, sl):
+    return None if t is None else t[:, sl]
+
+
+def _dtype_name(dtype) -> str:
+    from common.pic.entry import dtype_name
+
+    return dtype_name(dtype)
+
+
+# -- applying a cached body ----------------------------------------------------------------------
+def run_warmup(mixer, body: LinearBody, S: torch.Tensor, conv: torch.Tensor | None) -> torch.Tensor:
+    """Advance S over the body's warm-up tokens with the real conv state (exact conv patch)."""
+    if body.warmup_inputs is None:
+        return S
+    x = body.warmup_inputs.to(mixer_dtype(mixer))
+    q, k, v, g, beta, _aux, _ = mixer.features(x, conv)
+    _, S = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=S, scale=mixer.scale)
+    return S
+
+
+def mixer_dtype(mixer) -> torch.dtype:
+    return next(mixer.parameters()).dtype
+
+
+def apply_body(model, state: ModelState, entry: SegmentEntry, start: int, naive: bool = False) -> ModelState:
+    """Apply a segment's cached body after its seam; `start` is the segment's real first position.
+
+    naive=True is the ablation: states added without T and without the conv warm-up patch."""
+    layers = list(state.layers)
+    for i, body in enumerate(entry.layers):
+        mixer = model.layers[i].mixer if body is not None else None
+        if isinstance(body, LinearBody):
+            cur = layers[i] if layers[i] is not None else None
+            c = mixer.conv_kernel
+            if cur is None:
+                S_run = torch.zeros_like(body.S)
+                conv_before = _zeros_conv(mixer, body, c)
+            else:
+                S_run, conv_before = cur.recurrent, cur.conv
+            if naive:
+                S0 = torch.zeros_like(body.S)
+                S_w = run_warmup(mixer, body, S0, None if conv_before is None else torch.zeros_like(conv_before))
+                S_new = S_run + apply_T(body.T, body.form, S_w) + body.S
+            else:
+                S_w = run_warmup(mixer, body, S_run, conv_before)
+                S_new = apply_T(body.T, body.form, S_w) + body.S
+            conv = _conv_cat(conv_before, body.conv_tail, c - 1) if conv_before is not None else body.conv_tail
+            layers[i] = LinearLayerState(conv, S_new)
+        elif isinstance(body, AttentionBody):
+            keys = mixer.rerotate(body.keys, start)
+            cur = layers[i]
+            if cur is None:
+                layers[i] = AttentionLayerState(keys, body.values)
+            else:
+                layers[i] = AttentionLayerState(torch.cat([cur.keys, keys], 2), torch.cat([cur.values, body.values], 2))
+    return ModelState(layers=layers, seq_len=state.seq_len + entry.body_len, extra=dict(state.extra))
+
+
+def _zeros_conv(mixer, body: LinearBody, c: int):
+    if c <= 1:
+        return None
+    ref = body.conv_tail if body.conv_tail is not None else None
+    if ref is not None:
+        return ref.new_zeros(1, ref.shape[1], c - 1)
+    if body.warmup_inputs is not None:
+        x = body.warmup_inputs[:, :1].to(mixer_dtype(mixer))
+        C = mixer.conv_inputs(x).shape[-1]
+        return x.new_zeros(1, C, c - 1)
+    return None
+
+
+# -- segment-major ---------------------------------------------------------------------------------
+@torch.inference_mode()
+def compose_segment(engine, state: ModelState, entry: SegmentEntry, naive: bool = False) -> ModelState:
+    """Extend `state` (not mutated) by one segment from its entry: seam recomputed under the real
+    prefix, then the cached body applied. What a combine worker calls as each entry arrives."""
+    start = state.seq_len
+    if entry.seam_len and not naive:
+        _, _, state = engine.forward(entry.seam_tokens, state)
+    return apply_body(engine.model, state, entry, start, naive=naive)
+
+
+def prefill_segment_major(engine, entries: list[SegmentEntry], state: ModelState | None = None,
+                          naive: bool = False) -> ModelState:
+    """State after every segment, composed from entries (seams recomputed unless naive)."""
+    state = engine.new_state() if state is None else state
+    for e in entries:
+        state = compose_segment(engine, state, e, naive=naive)
+    return state
+
+
+# -- layer-major -------------------------------------------------------------------------------------
+class SeamPlan:
+    """All seams of all segments through the stack in one pass per layer."""
+
+    def __init__(self, model, entries: list[SegmentEntry], device):
+        self.model = model
+        self.entries = entries
+        self.starts, pos, seam_pos, spans = [], 0, [], []
+        for e in entries:
+            self.starts.append(pos)
+            spans.append((len(seam_pos), len(seam_pos) + e.seam_len))
+            seam_pos.extend(range(pos, pos + e.seam_len))
+            pos += e.n_tokens
+        self.total = pos
+        self.spans = spans
+        self.seam_positions = torch.tensor(seam_pos, dtype=torch.long, device=device)
+
+    # attention layers: seam keys between the cached bodies, masked by real position
+    def attend(self, q, k, v, scale, ctx):
+        mixer = self.model.layers[ctx.layer].mixer
+        keys, values = [], []
+        for e, (a, b), start in zip(self.entries, self.spans, self.starts):
+            keys.append(k[:, :, a:b])
+            values.append(v[:, :, a:b])
+            body = e.layers[ctx.layer]
+            if body is not None and body.keys.shape[2]:
+                keys.append(mixer.rerotate(body.keys.to(k.dtype), start))
+                values.append(body.values.to(v.dtype))
+        K_all, V_all = torch.cat(keys, 2), torch.cat(values, 2)
+        kpos = torch.arange(self.total, device=q.device)
+        mask = kpos[None, :] <= self.seam_positions[:, None]
+        n_rep = q.shape[1] // K_all.shape[1]
+        Kr = K_all.repeat_interleave(n_rep, 1) if n_rep > 1 else K_all
+        Vr = V_all.repeat_interleave(n_rep, 1) if n_rep > 1 else V_all
+        o = F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=mask, scale=scale)
+        return o.transpose(1, 2), AttentionLayerState(K_all, V_all)
+
+    # linear layers: batched seam summaries, a short scan, batched seam outputs
+    def run_linear(self, mixer, x, ctx):
+        i = ctx.layer
+        c = mixer.conv_kernel
+        bodies = [e.layers[i] for e in self.entries]
+        u = mixer.conv_inputs(x)  # [1, Ws, C]
+        C = u.shape[-1]
+        run_conv = u.new_zeros(1, C, max(c - 1, 0))
+        tails_in, conv_after_seam = [], []
+        for (a, b), body in zip(self.spans, bodies):
+            tails_in.append(run_conv)
+            after = _conv_cat(run_conv, u[:, a:b].transpose(1, 2), c - 1)
+            conv_after_seam.append(after)
+            run_conv = _conv_cat(after, body.conv_tail, c - 1)
+        n = len(self.entries)
+        wmax = max(b - a for a, b in self.spans)
+        X = x.new_zeros(n, wmax, x.shape[-1])
+        valid = torch.zeros(n, wmax, dtype=torch.bool, device=x.device)
+        for j, (a, b) in enumerate(self.spans):
+            X[j, : b - a] = x[0, a:b]
+            valid[j, : b - a] = True
+        q, k, v, g, beta, aux, _ = mixer.features(X, torch.cat(tails_in, 0))
+        pad = ~valid
+        k = k.masked_fill(pad[:, :, None, None], 0)
+        v = v.masked_fill(pad[:, :, None, None], 0)
+        if g is not None:
+            g = g.masked_fill(pad.view(n, wmax, *([1] * (g.dim() - 2))), 0)
+        if beta is not None:
+            beta = beta.masked_fill(pad[:, :, None], 0)
+        T_seam, form, S_seam = span_summary(mixer.family, k, v, g, beta)
+        running = torch.zeros_like(bodies[0].S)
+        incoming = []
+        for j, body in enumerate(bodies):
+            incoming.append(running)
+            running = apply_T(T_seam[j : j + 1], form, running) + S_seam[j : j + 1]
+            running = run_warmup(mixer, body, running, conv_after_seam[j])
+            running = apply_T(body.T, body.form, running) + body.S
+        o, _ = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=torch.cat(incoming, 0),
+                                scale=mixer.scale)
+        y = mixer.output(o, aux, x.dtype)  # [n, wmax, D]
+        y = torch.cat([y[j : j + 1, : b - a] for j, (a, b) in enumerate(self.spans)], 1)
+        return y, LinearLayerState(run_conv if c > 1 else None, running)
+
+
+@torch.inference_mode()
+def prefill_layer_major(engine, entries: list[SegmentEntry]) -> ModelState:
+    if not any(e.seam_len for e in entries):
+        return prefill_segment_major(engine, entries)
+    model = engine.model
+    plan = SeamPlan(model, entries, engine.device)
+    ids = [t for e in entries for t in e.seam_tokens]
+    ctx = ForwardContext(positions=plan.seam_positions, plan=plan)
+    x = torch.tensor([ids], dtype=torch.long, device=engine.device)
+    _, state = model(x, engine.new_state(), ctx=ctx, seq_len_after=plan.total)
+    return state

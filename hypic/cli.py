@@ -1,0 +1,230 @@
+"""The `hypic` command (also `python -m hypic`).
+
+    hypic up [--model DIR] [--data-dir ./.hypic-data] [--scatter 2] [--port 50051] ...
+        start segcache, scatter × N, combine and the router on 127.0.0.1, wait until all are
+        healthy, print the router address, run until Ctrl-C / SIGTERM, then stop everything.
+    hypic generate --address HOST:PORT --segment TEXT [--segment-ids 1,2,3 ...] --query TEXT
+        stream one generation to stdout (timings on stderr).
+    hypic info --address HOST:PORT
+    hypic health HOST:PORT [--service NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of token ids: {text!r}") from None
+
+
+def _ports(text: str) -> list[int]:
+    return [int(p) for p in text.split(",") if p.strip()]
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop(signum)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from hypic.launcher import DEFAULT_MODEL, Mesh, MeshError
+
+    model = Path(args.model) if args.model else DEFAULT_MODEL
+    if not (model / "config.json").exists():
+        print(f"hypic up: no model at {model} (config.json missing); pass --model DIR",
+              file=sys.stderr)
+        return 2
+    extra: dict[str, list[str]] = {}
+    for kind in ("router", "segcache", "scatter", "combine"):
+        vals = getattr(args, f"{kind}_arg") or []
+        if vals:
+            extra[kind] = [a for v in vals for a in v.split()]
+    mesh = Mesh(model, args.data_dir, args.scatter, n_combine=args.combine, host=args.host,
+                router_port=args.port, segcache_port=args.segcache_port,
+                scatter_ports=_ports(args.scatter_ports) if args.scatter_ports else None,
+                combine_ports=_ports(args.combine_ports) if args.combine_ports else None,
+                segcache=not args.no_segcache, seam=args.seam, dtype=args.dtype,
+                device=args.device, gpus=args.gpus.split(",") if args.gpus else None,
+                threads=args.threads, extra_args=extra, start_timeout_s=args.start_timeout)
+    old = signal.signal(signal.SIGTERM, _raise_stop)
+    try:
+        print(f"hypic up: starting {', '.join(mesh.names)} (logs in {mesh.log_dir})",
+              file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        try:
+            mesh.start()
+        except MeshError as e:
+            print(f"hypic up: {e}", file=sys.stderr)
+            return 1
+        for name, addr in mesh.addresses.items():
+            print(f"  {name:<10} {addr}  pid {mesh[name].pid}", file=sys.stderr)
+        print(f"hypic up: ready in {time.monotonic() - t0:.1f} s; Ctrl-C to stop",
+              file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps(mesh.describe()), flush=True)
+        else:
+            print(mesh.router_address, flush=True)
+        restarts: dict[str, list[float]] = {}
+        while True:
+            time.sleep(0.5)
+            for name in mesh.dead():
+                code = mesh[name].proc.returncode
+                recent = [t for t in restarts.get(name, []) if time.monotonic() - t < 60]
+                if args.no_restart or len(recent) >= 5:
+                    print(f"hypic up: {name} exited with status {code}; not restarting "
+                          f"(log {mesh[name].log_path})", file=sys.stderr, flush=True)
+                    mesh[name].proc = None  # report once
+                    continue
+                print(f"hypic up: {name} exited with status {code}; restarting",
+                      file=sys.stderr, flush=True)
+                restarts[name] = recent + [time.monotonic()]
+                try:
+                    mesh.restart(name)
+                except MeshError as e:
+                    print(f"hypic up: restart of {name} failed: {e}", file=sys.stderr, flush=True)
+    except (KeyboardInterrupt, _Stop):
+        print("\nhypic up: stopping", file=sys.stderr, flush=True)
+    finally:
+        mesh.stop()
+        signal.signal(signal.SIGTERM, old)
+    print("hypic up: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import hypic
+
+    segments = args.segments or []
+    query: Any = args.query if args.query is not None else args.query_ids
+    if query is None:
+        print("hypic generate: --query or --query-ids is needed", file=sys.stderr)
+        return 2
+    try:
+        with hypic.Client(args.address, timeout=args.timeout) as client:
+            kw = dict(max_tokens=args.max_tokens, temperature=args.temperature,
+                      top_k=args.top_k, seed=args.seed, mode=args.mode,
+                      stop_at_eos=args.stop_at_eos)
+            if args.json:
+                r = client.generate(segments, query, stream=False, **kw)
+                print(json.dumps({"request_id": r.request_id, "tokens": r.tokens, "text": r.text,
+                                  "timings": asdict(r.timings) if r.timings else None}))
+                return 0
+            stream = client.generate(segments, query, stream=True, **kw)
+            with stream:
+                for tok in stream:
+                    sys.stdout.write(tok.text if tok.text or not args.ids else f"[{tok.id}]")
+                    sys.stdout.flush()
+            print()
+            t = stream.timings
+            if t is not None:
+                print(f"ttft {t.ttft_s * 1e3:.1f} ms, total {t.total_s * 1e3:.1f} ms, "
+                      f"{t.segments} segments ({t.hits} cached {dict(t.hits_by_tier)}, "
+                      f"{t.misses} built), {t.prompt_tokens} prompt tokens, "
+                      f"request {stream.request_id}", file=sys.stderr)
+    except hypic.HypicError as e:
+        print(f"hypic generate: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import hypic
+
+    try:
+        with hypic.Client(args.address) as client:
+            print(json.dumps(asdict(client.info(timeout=args.timeout)), indent=2))
+    except hypic.HypicError as e:
+        print(f"hypic info: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from hypic.healthcheck import main as health_main
+
+    return health_main([args.address, "--service", args.service, "--timeout", str(args.timeout)])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hypic", description="Hypic: position-independent caching "
+                                 "for hybrid-attention LLMs")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run the whole mesh locally")
+    up.add_argument("--model", default=None, help="checkpoint directory "
+                    "(default: the bundled models/hypic-tiny-qwen35)")
+    up.add_argument("--data-dir", default=".hypic-data", help="segcache LMDB, logs, port files")
+    up.add_argument("--scatter", type=int, default=2, help="scatter workers")
+    up.add_argument("--combine", type=int, default=1, help="combine workers")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=50051, help="router port; 0 = ephemeral")
+    up.add_argument("--segcache-port", type=int, default=0, help="0 = ephemeral")
+    up.add_argument("--scatter-ports", default="", help="comma list, one per worker")
+    up.add_argument("--combine-ports", default="", help="comma list, one per worker")
+    up.add_argument("--no-segcache", action="store_true", help="run without the cache service")
+    up.add_argument("--seam", type=int, default=8)
+    up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    up.add_argument("--device", default="cpu", help="torch device of scatter and combine")
+    up.add_argument("--gpus", default="", help="CUDA ids, one per scatter then combine: 0,1,2")
+    up.add_argument("--threads", type=int, default=None, help="torch threads per worker")
+    for kind in ("router", "segcache", "scatter", "combine"):
+        up.add_argument(f"--{kind}-arg", action="append", metavar="FLAGS",
+                        help=f"extra flags for {kind} (repeatable), e.g. '--log-level debug'")
+    up.add_argument("--no-restart", action="store_true", help="do not restart crashed services")
+    up.add_argument("--start-timeout", type=float, default=180.0, help="seconds")
+    up.add_argument("--json", action="store_true", help="print every address as JSON")
+    up.set_defaults(func=cmd_up)
+
+    gen = sub.add_parser("generate", help="one generation against a router")
+    gen.add_argument("--address", default="127.0.0.1:50051")
+    gen.add_argument("--segment", dest="segments", action="append", metavar="TEXT",
+                     help="a text segment (repeatable; order kept)")
+    gen.add_argument("--segment-ids", dest="segments", action="append", type=_ids, metavar="IDS",
+                     help="a token-id segment: '1,2,3' (repeatable)")
+    gen.add_argument("--query", default=None, metavar="TEXT")
+    gen.add_argument("--query-ids", type=_ids, default=None, metavar="IDS")
+    gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--mode", default="hypic", choices=["hypic", "full", "prefix", "naive"])
+    gen.add_argument("--stop-at-eos", action="store_true")
+    gen.add_argument("--timeout", type=float, default=120.0, help="seconds")
+    gen.add_argument("--ids", action="store_true", help="print token ids when there is no text")
+    gen.add_argument("--json", action="store_true", help="wait and print the result as JSON")
+    gen.set_defaults(func=cmd_generate)
+
+    info = sub.add_parser("info", help="the router's model and mesh")
+    info.add_argument("--address", default="127.0.0.1:50051")
+    info.add_argument("--timeout", type=float, default=10.0)
+    info.set_defaults(func=cmd_info)
+
+    health = sub.add_parser("health", help="grpc.health.v1 probe of any service")
+    health.add_argument("address")
+    health.add_argument("--service", default="")
+    health.add_argument("--timeout", type=float, default=2.0)
+    health.set_defaults(func=cmd_health)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

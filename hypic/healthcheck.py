@@ -1,0 +1,48 @@
+"""grpc.health.v1 probe of any Hypic service.
+
+    python -m hypic.healthcheck 127.0.0.1:50051 [--service hypic.v1.Router] [--timeout 2]
+
+Exit status 0 when the service answers SERVING, 1 otherwise (the docker-compose healthcheck).
+`check(address)` is the same probe as a function (the launcher uses it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+
+def status(address: str, service: str = "", timeout: float = 2.0) -> str:
+    """'SERVING', 'NOT_SERVING', 'SERVICE_UNKNOWN', 'UNKNOWN', or the gRPC error code name."""
+    with grpc.insecure_channel(address) as ch:
+        try:
+            resp = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+        except grpc.RpcError as e:
+            code = e.code() if hasattr(e, "code") else None
+            return code.name if code is not None else "ERROR"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+
+
+def check(address: str, service: str = "", timeout: float = 2.0) -> bool:
+    return status(address, service, timeout) == "SERVING"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hypic.healthcheck", description=__doc__.split("\n")[0])
+    ap.add_argument("address", help="host:port of the service")
+    ap.add_argument("--service", default="", help="service name; empty = the whole server")
+    ap.add_argument("--timeout", type=float, default=2.0, help="seconds")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    st = status(args.address, args.service, args.timeout)
+    if not args.quiet:
+        print(f"{args.address} {args.service or '(server)'}: {st}")
+    return 0 if st == "SERVING" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

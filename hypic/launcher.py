@@ -1,0 +1,429 @@
+"""Start the whole Hypic mesh locally, as processes on 127.0.0.1 (what `hypic up` runs; tests and
+benchmarks use the same class).
+
+    from hypic.launcher import Mesh
+
+    with Mesh("models/hypic-tiny-qwen35", data_dir=tmp, n_scatter=2) as mesh:
+        client = hypic.Client(mesh.router_address)
+        ...
+        mesh.kill("scatter0")              # SIGKILL, like a crash
+        mesh.restart("scatter0")           # same port, waits until healthy again
+        mesh.addresses                     # {"segcache": ..., "scatter0": ..., "combine0": ..., "router": ...}
+
+Services and their order: segcache (LMDB under data_dir/segcache) → scatter0..m-1 and
+combine0..k-1 (in parallel; they need segcache's address) → router (it needs everybody's).
+Each is `python -m services.<kind> --port P --port-file F ...`; ready means it wrote its port
+file and answers grpc.health.v1 SERVING. Ports are ephemeral unless given; a restarted service
+keeps its port so the others' addresses stay valid. Logs go to data_dir/logs/<name>.log.
+Children die with the launcher (PR_SET_PDEATHSIG on Linux, for processes started from the main
+thread; an atexit hook otherwise) and are stopped in reverse order (SIGTERM, then SIGKILL after
+`grace_s`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import dataclasses
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from hypic.healthcheck import check
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = REPO_ROOT / "models" / "hypic-tiny-qwen35"
+DEFAULT_DATA_DIR = Path(".hypic-data")
+KINDS = ("segcache", "scatter", "combine", "router")
+
+
+class MeshError(RuntimeError):
+    """A service did not start, or exited while the mesh was starting."""
+
+
+def service_config(kind: str) -> tuple[type, str]:
+    """(config dataclass, env prefix) of `services.<kind>`: the dataclass in
+    services/<kind>/config.py whose name ends with "Config"."""
+    mod = importlib.import_module(f"services.{kind}.config")
+    prefix = getattr(mod, "ENV_PREFIX", f"HYPIC_{kind.upper()}_")
+    for name, obj in vars(mod).items():
+        if (name.endswith("Config") and dataclasses.is_dataclass(obj) and isinstance(obj, type)
+                and obj.__module__ == mod.__name__):
+            return obj, prefix
+    raise LookupError(f"no *Config dataclass in services/{kind}/config.py")
+
+
+def config_flags(kind: str) -> set[str]:
+    """Every `--flag` the service accepts (its config fields, plus --no-x for bools)."""
+    cls, _ = service_config(kind)
+    flags = set()
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        flags.add(flag)
+        flags.add("--no-" + f.name.replace("_", "-"))
+    return flags
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass(eq=False)
+class Service:
+    """One child process of the mesh."""
+    name: str                 # "segcache", "scatter0", "combine0", "router"
+    kind: str                 # the services.<kind> module
+    args: list[str]           # everything but --port / --port-file
+    run_dir: Path
+    log_dir: Path
+    host: str = "127.0.0.1"
+    port: int = 0             # 0 until it is up (ephemeral) or as given
+    env: dict[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+    die_with_parent: bool = True
+    proc: subprocess.Popen | None = None
+    info: dict = field(default_factory=dict)
+    restarts: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def port_file(self) -> Path:
+        return self.run_dir / f"{self.name}.port.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.name}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", f"services.{self.kind}", "--host", self.host,
+                "--port", str(self.port), "--port-file", str(self.port_file), *self.args]
+
+    def start(self) -> None:
+        if self.alive():
+            raise MeshError(f"{self.name} is already running (pid {self.proc.pid})")
+        self.port_file.unlink(missing_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.env)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} start: "
+                      f"{' '.join(self.command())}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command(), cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=log, start_new_session=True,
+                preexec_fn=_die_with_parent if self._pdeathsig() else None)
+
+    def _pdeathsig(self) -> bool:
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits: only from the main thread.
+        return (self.die_with_parent and sys.platform == "linux"
+                and threading.current_thread() is threading.main_thread())
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, deadline: float) -> None:
+        """Until the port file is written and grpc.health.v1 answers SERVING."""
+        while True:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise MeshError(f"{self.name} exited with status {code} while starting; "
+                                f"log {self.log_path}:\n{self.log_tail()}")
+            if self.port_file.exists():
+                try:
+                    self.info = json.loads(self.port_file.read_text())
+                    self.port = int(self.info["port"])
+                except (ValueError, KeyError):
+                    pass  # written atomically, so only a foreign file; retry
+                else:
+                    if check(self.address, timeout=1.0):
+                        return
+            if time.monotonic() > deadline:
+                raise MeshError(f"{self.name} not healthy in time; log {self.log_path}:\n"
+                                f"{self.log_tail()}")
+            time.sleep(0.05)
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, timeout: float) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after grace_s. Returns the exit status."""
+        if self.proc is None:
+            return None
+        self.signal(signal.SIGTERM)
+        code = self.wait(grace_s)
+        if code is None:
+            self.signal(signal.SIGKILL)
+            code = self.wait(10)
+        return code
+
+    def log_tail(self, n: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Mesh:
+    """The local mesh; a context manager (start on enter, stop on exit)."""
+
+    def __init__(self, model: str | os.PathLike[str] | None = None,
+                 data_dir: str | os.PathLike[str] = DEFAULT_DATA_DIR, n_scatter: int = 2, *,
+                 n_combine: int = 1, host: str = "127.0.0.1", router_port: int = 0,
+                 segcache_port: int = 0, scatter_ports: Sequence[int] | None = None,
+                 combine_ports: Sequence[int] | None = None, segcache: bool = True,
+                 external_combine: Sequence[str] = (), seam: int = 8, dtype: str = "float32",
+                 device: str = "cpu", gpus: Sequence[str] | None = None,
+                 threads: int | None = None, env: Mapping[str, str] | None = None,
+                 extra_args: Mapping[str, Sequence[str]] | None = None,
+                 log_dir: str | os.PathLike[str] | None = None, start_timeout_s: float = 180.0,
+                 grace_s: float = 10.0, python: str = sys.executable,
+                 die_with_parent: bool = True):
+        """model: checkpoint directory (default: the bundled models/hypic-tiny-qwen35).
+        n_scatter / n_combine: worker counts (n_scatter 0: misses are built on combine).
+        segcache=False: no cache service. external_combine: combine addresses the router uses
+        instead of (or besides) the ones started here (n_combine may then be 0).
+        gpus: CUDA device ids, one per scatter worker and then one per combine (round-robin).
+        threads: torch threads per model process (scatter/combine --threads).
+        extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}."""
+        self.model = Path(model) if model is not None else DEFAULT_MODEL
+        self.data_dir = Path(data_dir)
+        self.n_scatter = int(n_scatter)
+        self.n_combine = int(n_combine)
+        self.host = host
+        self.seam = seam
+        self.dtype = dtype
+        self.device = device
+        self.gpus = list(gpus) if gpus else None
+        self.threads = threads
+        self.env = dict(env or {})
+        self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
+        self.log_dir = Path(log_dir) if log_dir is not None else self.data_dir / "logs"
+        self.run_dir = self.data_dir / "run"
+        self.start_timeout_s = start_timeout_s
+        self.grace_s = grace_s
+        self.python = python
+        self.die_with_parent = die_with_parent
+        self.use_segcache = segcache
+        self.external_combine = list(external_combine)
+        if self.n_scatter < 0 or self.n_combine < 0:
+            raise ValueError("n_scatter and n_combine must be >= 0")
+        if self.n_combine == 0 and not self.external_combine:
+            raise ValueError("the router needs a combine: n_combine >= 1 or external_combine")
+        scatter_ports = list(scatter_ports or [0] * self.n_scatter)
+        combine_ports = list(combine_ports or [0] * self.n_combine)
+        if len(scatter_ports) != self.n_scatter or len(combine_ports) != self.n_combine:
+            raise ValueError("one port per scatter / combine worker")
+        self._ports = {"segcache": segcache_port, "router": router_port,
+                       **{f"scatter{i}": p for i, p in enumerate(scatter_ports)},
+                       **{f"combine{i}": p for i, p in enumerate(combine_ports)}}
+        self.services: dict[str, Service] = {}
+        self._lock = threading.Lock()
+        self._started = False
+
+    # ---- names and addresses -------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        """Service names in start order."""
+        out = ["segcache"] if self.use_segcache else []
+        out += [f"scatter{i}" for i in range(self.n_scatter)]
+        out += [f"combine{i}" for i in range(self.n_combine)]
+        return out + ["router"]
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        return {n: s.address for n, s in self.services.items() if s.port}
+
+    @property
+    def router_address(self) -> str:
+        return self.services["router"].address
+
+    @property
+    def segcache_address(self) -> str:
+        return self.services["segcache"].address if self.use_segcache else ""
+
+    @property
+    def scatter_addresses(self) -> list[str]:
+        return [self.services[f"scatter{i}"].address for i in range(self.n_scatter)]
+
+    @property
+    def combine_addresses(self) -> list[str]:
+        return [self.services[f"combine{i}"].address for i in range(self.n_combine)] + \
+            self.external_combine
+
+    def __getitem__(self, name: str) -> Service:
+        return self.services[name]
+
+    # ---- building each service ---------------------------------------------------------------------
+    def _model_args(self) -> list[str]:
+        args = ["--model", str(self.model), "--dtype", self.dtype, "--device", self.device]
+        if self.threads:
+            args += ["--threads", str(self.threads)]
+        return args
+
+    def _service(self, name: str, kind: str, args: list[str], gpu: str | None = None) -> Service:
+        env = dict(self.env)
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        args = args + self.extra_args.get(kind, []) + (
+            self.extra_args.get(name, []) if name != kind else [])
+        return Service(name=name, kind=kind, args=args, run_dir=self.run_dir,
+                       log_dir=self.log_dir, host=self.host, port=self._ports[name], env=env,
+                       python=self.python, die_with_parent=self.die_with_parent)
+
+    def _gpu(self, i: int) -> str | None:
+        return self.gpus[i % len(self.gpus)] if self.gpus else None
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> "Mesh":
+        if self._started:
+            return self
+        if not (self.model / "config.json").exists():
+            raise MeshError(f"no model at {self.model} (config.json missing); pass another model")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._started = True
+        atexit.register(self.stop)
+        try:
+            deadline = time.monotonic() + self.start_timeout_s
+            seg_args: list[str] = []
+            if self.use_segcache:
+                svc = self._service("segcache", "segcache",
+                                    ["--data-dir", str(self.data_dir / "segcache")])
+                self.services["segcache"] = svc
+                svc.start()
+                svc.wait_ready(deadline)
+                seg_args = ["--segcache-address", svc.address]
+            workers = []
+            for i in range(self.n_scatter):
+                workers.append(self._service(f"scatter{i}", "scatter",
+                                             self._model_args() + seg_args, self._gpu(i)))
+            for i in range(self.n_combine):
+                workers.append(self._service(f"combine{i}", "combine",
+                                             self._model_args() + seg_args,
+                                             self._gpu(self.n_scatter + i)))
+            for svc in workers:
+                self.services[svc.name] = svc
+                svc.start()
+            for svc in workers:
+                svc.wait_ready(deadline)
+            router_args = ["--model", str(self.model), "--seam", str(self.seam),
+                           "--dtype", self.dtype,
+                           "--combine-addresses", ",".join(self.combine_addresses)]
+            if self.use_segcache:
+                router_args += ["--segcache-address", self.segcache_address]
+            if self.n_scatter:
+                router_args += ["--scatter-addresses", ",".join(self.scatter_addresses)]
+            router = self._service("router", "router", router_args)
+            self.services["router"] = router
+            router.start()
+            router.wait_ready(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop everything: the router first, then the workers, segcache last."""
+        with self._lock:
+            order = [n for n in reversed(self.names) if n in self.services]
+            groups = [[n for n in order if n == "router"],
+                      [n for n in order if n.startswith(("scatter", "combine"))],
+                      [n for n in order if n == "segcache"]]
+            for group in groups:
+                for n in group:
+                    self.services[n].signal(signal.SIGTERM)
+                deadline = time.monotonic() + self.grace_s
+                for n in group:
+                    svc = self.services[n]
+                    if svc.wait(max(0.0, deadline - time.monotonic())) is None:
+                        svc.signal(signal.SIGKILL)
+                        svc.wait(10)
+            self._started = False
+            atexit.unregister(self.stop)
+
+    def __enter__(self) -> "Mesh":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # ---- fault injection and recovery -------------------------------------------------------------
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` (default SIGKILL: a crash) to one service and wait until it is gone."""
+        svc = self.services[name]
+        svc.signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            svc.wait(self.grace_s + 10)
+
+    def restart(self, name: str, *, wait: bool = True, timeout_s: float | None = None) -> Service:
+        """Stop `name` if it runs, start it again on the same port, wait until healthy."""
+        svc = self.services[name]
+        if svc.alive():
+            svc.stop(self.grace_s)
+        svc.restarts += 1
+        svc.start()
+        if wait:
+            svc.wait_ready(time.monotonic() + (timeout_s or self.start_timeout_s))
+        return svc
+
+    def healthy(self, name: str | None = None) -> bool:
+        names = [name] if name else list(self.services)
+        return all(self.services[n].alive() and check(self.services[n].address, timeout=1.0)
+                   for n in names)
+
+    def wait_healthy(self, names: Iterable[str] | None = None, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for n in (list(names) if names is not None else list(self.services)):
+            self.services[n].wait_ready(deadline)
+
+    def dead(self) -> list[str]:
+        """Services whose process has exited."""
+        return [n for n, s in self.services.items() if s.proc is not None and not s.alive()]
+
+    def log(self, name: str) -> str:
+        return self.services[name].log()
+
+    def describe(self) -> dict[str, Any]:
+        return {"router": self.router_address if "router" in self.services else None,
+                "model": str(self.model), "data_dir": str(self.data_dir),
+                "log_dir": str(self.log_dir),
+                "services": {n: {"address": s.address, "pid": s.pid}
+                             for n, s in self.services.items()}}

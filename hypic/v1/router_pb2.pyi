@@ -1,0 +1,140 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class PrefillMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PREFILL_MODE_HYPIC: _ClassVar[PrefillMode]
+    PREFILL_MODE_FULL: _ClassVar[PrefillMode]
+    PREFILL_MODE_PREFIX: _ClassVar[PrefillMode]
+    PREFILL_MODE_NAIVE: _ClassVar[PrefillMode]
+PREFILL_MODE_HYPIC: PrefillMode
+PREFILL_MODE_FULL: PrefillMode
+PREFILL_MODE_PREFIX: PrefillMode
+PREFILL_MODE_NAIVE: PrefillMode
+
+class Segment(_message.Message):
+    __slots__ = ("text", "token_ids")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("segments", "query", "max_tokens", "temperature", "top_k", "seed", "mode", "return_logits", "stop_at_eos", "request_id")
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    STOP_AT_EOS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    query: Segment
+    max_tokens: int
+    temperature: float
+    top_k: int
+    seed: int
+    mode: PrefillMode
+    return_logits: bool
+    stop_at_eos: bool
+    request_id: str
+    def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., query: _Optional[_Union[Segment, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[PrefillMode, str]] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class Timings(_message.Message):
+    __slots__ = ("tokenize_s", "lookup_s", "scatter_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s", "total_s", "segments", "hits", "misses", "prompt_tokens", "hits_by_tier")
+    class HitsByTierEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    TOKENIZE_S_FIELD_NUMBER: _ClassVar[int]
+    LOOKUP_S_FIELD_NUMBER: _ClassVar[int]
+    SCATTER_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    COMPOSE_S_FIELD_NUMBER: _ClassVar[int]
+    SEAMS_S_FIELD_NUMBER: _ClassVar[int]
+    QUERY_PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    MISSES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HITS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    tokenize_s: float
+    lookup_s: float
+    scatter_s: float
+    transfer_s: float
+    compose_s: float
+    seams_s: float
+    query_prefill_s: float
+    ttft_s: float
+    total_s: float
+    segments: int
+    hits: int
+    misses: int
+    prompt_tokens: int
+    hits_by_tier: _containers.ScalarMap[str, int]
+    def __init__(self, tokenize_s: _Optional[float] = ..., lookup_s: _Optional[float] = ..., scatter_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., compose_s: _Optional[float] = ..., seams_s: _Optional[float] = ..., query_prefill_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., segments: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., hits_by_tier: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class TokenEvent(_message.Message):
+    __slots__ = ("token_id", "text", "index", "logits")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    LOGITS_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    text: str
+    index: int
+    logits: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., logits: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class GenerateEvent(_message.Message):
+    __slots__ = ("request_id", "token", "timings", "done")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token: TokenEvent
+    timings: Timings
+    done: bool
+    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[_Union[TokenEvent, _Mapping]] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("model_type", "model_fingerprint", "vocab_size", "seam", "dtype", "max_prompt_tokens", "scatter_addresses", "combine_addresses", "segcache_address")
+    MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SEAM_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SCATTER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    COMBINE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    SEGCACHE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    model_type: str
+    model_fingerprint: str
+    vocab_size: int
+    seam: int
+    dtype: str
+    max_prompt_tokens: int
+    scatter_addresses: _containers.RepeatedScalarFieldContainer[str]
+    combine_addresses: _containers.RepeatedScalarFieldContainer[str]
+    segcache_address: str
+    def __init__(self, model_type: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., seam: _Optional[int] = ..., dtype: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., combine_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ...) -> None: ...

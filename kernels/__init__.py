@@ -1,0 +1,1 @@
+"""Hypic compute kernels (torch / Triton only; nothing from the rest of the repo)."""

@@ -1,0 +1,410 @@
+"""Chunked torch implementations of every linear-attention family (fp32 inside).
+
+Same contract as :mod:`kernels.linear_attn.naive` (read its docstring):
+
+    S_t = (I - beta_t k_t k_t^T)^delta . diag(exp g_t) . S_{t-1} + b_t k_t v_t^T,   o_t = scale . S_t^T q_t
+
+Within a chunk of C tokens (b = cumulative log-decay from the chunk start, Gamma_t = diag(exp b_t))
+every family is written as
+
+    S_t  = Gamma_t S_0 + sum_{j<=t} Gamma_t Gamma_j^-1 k_j d_j^T
+    o_t  = scale [ (Gamma_t q_t)^T S_0 + sum_{j<=t} (q_t^T Gamma_t Gamma_j^-1 k_j) d_j^T ]
+
+with d = b.v for the plain families and, for the delta families, the WY / UT form
+(I + L) d = beta v - beta Gamma k S_0, L_tj = beta_t k_t^T Gamma_t Gamma_j^-1 k_j (j < t),
+i.e. d = U - W S_0 with U = (I+L)^-1 beta v and W = (I+L)^-1 beta Gamma k.
+
+Gates:
+* scalar gates (retnet [H], mamba2 / gated_deltanet [B,T,H]) use the exact pairwise decay matrix
+  exp(b_i - b_j) [C, C] per head (cheap);
+* per-channel gates (gla, kda [B,T,H,K]) cannot factor the decay out of the k-sum. The intra-chunk
+  score matrix is built by a binary block decomposition: an off-diagonal half block (rows in the
+  second half, columns in the first) uses the boundary between them as reference, so both factors
+  exp(b_i - b_ref) and exp(b_ref - b_j) are <= 1 (never overflow); diagonal blocks use their
+  midpoint as reference once its half-range is below ``SAFE_EXP`` nats (exact in fp32, no
+  overflow), and are split further otherwise (down to single tokens), so arbitrarily strong
+  decays stay finite and exact.
+Cumulative log-decays are summed in float64 (cheap, [T, H(, K)]), so near-diagonal decays of a
+fast-decaying chunk keep full fp32 precision.
+
+The matrix transition operator of the delta families (T_C with S(C|S0) = T_C S0 + S(C|0)) is
+computed in the same pass when asked for: the state is augmented with K extra columns started at
+the identity and fed zero values, so the UT transform is shared (see ``chunk_with_transition``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Half-range (nats) below which a diagonal block is scored with one midpoint reference.
+SAFE_EXP = 20.0
+# Log-decays below this are clamped before exp: exp(-80) ~ 1.8e-35 is zero for every purpose
+# here, and fp32 exp of arguments below ~-87 takes a slow path (10x) and yields denormals.
+EXP_FLOOR = -80.0
+
+
+def _exp(x: torch.Tensor) -> torch.Tensor:
+    """In-place clamped exp of a fresh fp32 tensor."""
+    return x.clamp_(min=EXP_FLOOR).exp_()
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _chunk_len(T: int, chunk_size: int) -> int:
+    if chunk_size < 1 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
+    return min(chunk_size, _next_pow2(max(T, 1)))
+
+
+def _to_chunks(x: torch.Tensor, N: int, C: int, dtype=torch.float32, scale: float | None = None) -> torch.Tensor:
+    """[B, T, H(, D)] -> fresh contiguous [N, B*H, C(, D)] in ``dtype``, zero padded, in one pass."""
+    B, T, H = x.shape[:3]
+    tail = tuple(x.shape[3:])
+    buf = torch.empty((N, B, H, C) + tail, dtype=dtype, device=x.device)
+    perm = (1, 0, 3, 2) + tuple(range(4, 4 + len(tail)))
+    bp = buf.permute(perm)  # [B, N, C, H(, D)] view of buf
+    full, r = divmod(T, C)
+    if full:
+        src = x[:, : full * C].reshape((B, full, C, H) + tail)
+        if scale is None:
+            bp[:, :full].copy_(src)
+        else:
+            torch.mul(src, scale, out=bp[:, :full])
+    if r:
+        if scale is None:
+            bp[:, full, :r].copy_(x[:, full * C :])
+        else:
+            torch.mul(x[:, full * C :], scale, out=bp[:, full, :r])
+        bp[:, full, r:].zero_()
+    return buf.view((N, B * H, C) + tail)
+
+
+def _from_chunks(x: torch.Tensor, B: int, H: int, T: int) -> torch.Tensor:
+    """[N, B*H, C, D] -> [B, T, H, D]."""
+    N, _, C, D = x.shape
+    return x.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, D)[:, :T]
+
+
+def _gate_kind(g: torch.Tensor | None) -> str:
+    if g is None:
+        return "none"
+    if g.dim() == 1:
+        return "const"
+    if g.dim() == 3:
+        return "scalar"
+    if g.dim() == 4:
+        return "vector"
+    raise ValueError(f"gate must be [H], [B,T,H] or [B,T,H,K], got {tuple(g.shape)}")
+
+
+def _intra_vec(rows: list[torch.Tensor], cols: torch.Tensor, b: torch.Tensor, safe: float | None = None):
+    """Per-channel-decayed scores A_r[i, j] = sum_k rows_r[i,k] cols[j,k] exp(b[i,k] - b[j,k]).
+
+    rows: list of [M, C, K] fp32, cols [M, C, K] fp32, b [M, C, K] float64 cumulative log-decay
+    (non-increasing along C). Returns [R, M, C, C]; only the lower triangle (j <= i) is
+    meaningful (the caller masks). C must be a power of two.
+    """
+    safe = SAFE_EXP if safe is None else safe
+    r = len(rows)
+    M, C, K = cols.shape
+    out = None
+    s = C
+    while True:
+        n = C // s
+        bb = b.view(M, n, s, K)
+        m = (s - 1) // 2
+        if s > 1:
+            hr = torch.maximum(bb[:, :, 0] - bb[:, :, m], bb[:, :, m] - bb[:, :, -1]).amax().item()
+        if s == 1 or hr <= safe:
+            # midpoint reference: |exponents| <= hr, both factors finite and normal in fp32
+            er = _exp((bb - bb[:, :, m : m + 1]).float())
+            ec = torch.reciprocal(er)
+            Rm = torch.empty(r, M, n, s, K, device=cols.device)
+            for i, x in enumerate(rows):
+                torch.mul(x.view(M, n, s, K), er, out=Rm[i])
+            blk = torch.matmul(Rm, (cols.view(M, n, s, K) * ec).transpose(-1, -2))  # [r, M, n, s, s]
+            if out is None:  # n == 1: the block is the whole chunk
+                return blk.view(r, M, C, C)
+            out.view(r, M, n, s, n, s).diagonal(dim1=2, dim2=4).copy_(blk.permute(0, 1, 3, 4, 2))
+            return out
+        if out is None:
+            out = cols.new_zeros(r, M, C, C)
+        # off-diagonal half blocks: reference at the boundary, both factors <= 1
+        h = s // 2
+        ref = bb[:, :, h - 1 : h]
+        er = _exp((bb[:, :, h:] - ref).float())
+        ec = _exp((ref - bb[:, :, :h]).float())
+        Rm = torch.empty(r, M, n, h, K, device=cols.device)
+        for i, x in enumerate(rows):
+            torch.mul(x.view(M, n, s, K)[:, :, h:], er, out=Rm[i])
+        blk = torch.matmul(Rm, (cols.view(M, n, s, K)[:, :, :h] * ec).transpose(-1, -2))  # [r, M, n, h, h]
+        out.view(r, M, n, 2, h, n, 2, h).diagonal(dim1=2, dim2=5)[:, :, 1, :, 0].copy_(blk.permute(0, 1, 3, 4, 2))
+        s = h
+
+
+def _chunk_core(
+    q: torch.Tensor | None,
+    k: torch.Tensor,
+    v: torch.Tensor | None,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
+    initial_state: torch.Tensor | None,
+    scale: float | None,
+    delta: bool,
+    chunk_size: int,
+    want_T: bool = False,
+    out: torch.Tensor | None = None,
+):
+    """Returns (o or None, final state [B,H,K,V] fp32, T or None).
+
+    q None: no outputs (summary only). v None: zero values (V = 0, only T is produced).
+    T: [B,H] (scalar gates / no gate), [B,H,K] (per-channel gate) for the plain families,
+    [B,H,K,K] for the delta families.
+    """
+    B, T, Hk, K = k.shape
+    H = v.shape[2] if v is not None else Hk
+    V = v.shape[3] if v is not None else 0
+    if H != Hk:  # grouped value heads: each q/k head serves H // Hk value heads
+        if H % Hk:
+            raise ValueError(f"value heads {H} not a multiple of key heads {Hk}")
+        rep = H // Hk
+        k = k.repeat_interleave(rep, dim=2)
+        q = q.repeat_interleave(rep, dim=2) if q is not None else None
+    dev = k.device
+    out_dtype = q.dtype if q is not None else torch.float32
+    scale = K**-0.5 if scale is None else scale
+    kind = _gate_kind(g)
+    if kind == "const" and g.shape[0] != H:
+        raise ValueError(f"const gate must have H={H} entries, got {tuple(g.shape)}")
+    if kind in ("scalar", "vector") and g.shape[2] != H:
+        raise ValueError("gate heads must match value heads")
+    Z = B * H
+    S0 = initial_state.float().reshape(Z, K, V) if initial_state is not None else None
+
+    if T == 0:
+        S = S0.clone() if S0 is not None else torch.zeros(Z, K, V, device=dev)
+        o = torch.empty(B, 0, H, V, dtype=out_dtype, device=dev) if q is not None else None
+        return o, S.view(B, H, K, V), (_empty_T(kind, delta, B, H, K, dev) if want_T else None)
+
+    C = _chunk_len(T, chunk_size)
+    N = -(-T // C)
+
+    kc = _to_chunks(k, N, C)  # [N, Z, C, K]
+    vc = _to_chunks(v, N, C) if v is not None else kc.new_zeros(N, Z, C, 0)
+    qc = _to_chunks(q, N, C, scale=scale) if q is not None else None
+    bc = _to_chunks(beta, N, C) if beta is not None else None  # [N, Z, C]
+
+    # ---- gates: cumulative log-decay inside each chunk, summed in float64 ----
+    T_out = None
+    vec = kind == "vector"
+    tril = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
+    b = None
+    if kind != "none":
+        gb = g.view(1, 1, H).expand(B, T, H) if kind == "const" else g
+        b = _to_chunks(gb, N, C, torch.float64).cumsum_(2)  # [N, Z, C(, K)]
+        bl = b[:, :, -1:]
+        if want_T and not delta:
+            T_out = _exp(bl.squeeze(2).sum(0).float())  # [Z(, K)]
+        eb = _exp(b.float())  # Gamma_t (<= 1)
+        ebC = _exp((bl - b).float())  # Gamma_C Gamma_t^-1 (<= 1)
+        gam = _exp(bl.squeeze(2).float())  # [N, Z(, K)]
+        if not vec:
+            Dm = (b.unsqueeze(-1) - b.unsqueeze(-2)).float().clamp_(EXP_FLOOR, 0.0).exp_().masked_fill_(~tril, 0.0)
+            eb, ebC = eb.unsqueeze(-1), ebC.unsqueeze(-1)
+        kd = kc * ebC  # keys decayed to the chunk end (write the chunk-end state)
+    else:
+        Dm = tril.float()
+        kd = kc
+        gam = None
+    gmul = (lambda x: x.unsqueeze(-1)) if vec else (lambda x: x.view(Z, 1, 1))
+
+    # ---- intra-chunk score matrices ----
+    A = None  # q-k scores, lower incl. diagonal
+    Lm = None  # beta k-k scores; only the strict lower triangle is read (by the solve)
+    kb = (kc * bc.unsqueeze(-1) if bc is not None else kc) if delta else None
+    if vec:
+        rows = ([qc] if qc is not None else []) + ([kb] if delta else [])
+        if rows:
+            flat = lambda x: x.view(N * Z, C, K)
+            sc = _intra_vec([flat(x) for x in rows], flat(kc), b.view(N * Z, C, K)).view(len(rows), N, Z, C, C)
+            if qc is not None:
+                A = sc[0].masked_fill_(~tril, 0.0)
+            if delta:
+                Lm = sc[-1]
+    else:
+        if qc is not None:
+            A = torch.matmul(qc, kc.transpose(-1, -2)).mul_(Dm)
+        if delta:
+            Lm = torch.matmul(kc, kc.transpose(-1, -2))
+            Lm.mul_(Dm if bc is None else bc.unsqueeze(-1) * Dm)
+
+    o_c = None
+    if not delta:
+        vb = vc * bc.unsqueeze(-1) if bc is not None else vc
+        # chunk writes (one batched matmul), then one op per chunk for the scan of chunk states
+        upd = torch.matmul(kd.transpose(-1, -2), vb)  # [N, Z, K, V]
+        Xs = kc.new_empty(N + 1, Z, K, V)  # Xs[c] = state entering chunk c
+        if S0 is not None:
+            Xs[0].copy_(S0)
+        else:
+            Xs[0].zero_()
+        for c in range(N):
+            if gam is not None:
+                torch.addcmul(upd[c], Xs[c], gmul(gam[c]), out=Xs[c + 1])
+            else:
+                torch.add(Xs[c], upd[c], out=Xs[c + 1])
+        S = Xs[N].clone()  # (no view into the chunk-state buffer)
+        if qc is not None:
+            qg = qc * eb if b is not None else qc
+            o_c = torch.baddbmm(
+                torch.matmul(A, vb).view(N * Z, C, V), qg.view(N * Z, C, K), Xs[:N].view(N * Z, K, V)
+            ).view(N, Z, C, V)
+        if want_T and T_out is None:  # no gate: identity transition
+            T_out = torch.ones(Z, device=dev)
+    else:
+        eye = torch.eye(C, device=dev)
+        # (I + L)^-1: unitriangular solve reads only the strict lower triangle of Lm
+        Minv = torch.linalg.solve_triangular(Lm, eye.expand(N, Z, C, C), upper=False, unitriangular=True)
+        rhs = kc.new_empty(N, Z, C, V + K)
+        if bc is not None:
+            torch.mul(vc, bc.unsqueeze(-1), out=rhs[..., :V])
+        else:
+            rhs[..., :V].copy_(vc)
+        if b is not None:
+            torch.mul(kb, eb, out=rhs[..., V:])
+        else:
+            rhs[..., V:].copy_(kb)
+        UW = torch.matmul(Minv, rhs)  # [N, Z, C, V + K]: U = (I+L)^-1 beta v, W = (I+L)^-1 beta Gamma k
+        U, W = UW[..., :V], UW[..., V:]
+        Vx = V + (K if want_T else 0)
+        if want_T:  # the identity-started columns get zero values
+            U = F.pad(U, (0, K))
+        Xs = kc.new_empty(N + 1, Z, K, Vx)  # Xs[c] = (augmented) state entering chunk c
+        Xs[0].zero_()
+        if S0 is not None:
+            Xs[0, ..., :V].copy_(S0)
+        if want_T:
+            Xs[0, ..., V:].copy_(torch.eye(K, device=dev))
+        dl = kc.new_empty(N, Z, C, Vx)
+        kdT = kd.transpose(-1, -2)
+        for c in range(N):
+            d = torch.baddbmm(U[c], W[c], Xs[c], alpha=-1.0, out=dl[c])  # new values U - W S
+            if gam is not None:
+                torch.mul(Xs[c], gmul(gam[c]), out=Xs[c + 1])
+                Xs[c + 1].baddbmm_(kdT[c], d)
+            else:
+                torch.baddbmm(Xs[c], kdT[c], d, out=Xs[c + 1])
+        S = Xs[N, ..., :V].clone()
+        if want_T:
+            T_out = Xs[N, ..., V:].clone()
+        if qc is not None:
+            qg = qc * eb if b is not None else qc
+            starts = Xs[:N, ..., :V]
+            o_c = torch.matmul(A, dl[..., :V]).add_(torch.matmul(qg, starts))
+
+    o = None
+    if qc is not None:
+        o_full = _from_chunks(o_c, B, H, T)
+        if out is not None:
+            out.copy_(o_full)
+            o = out
+        else:
+            o = o_full.to(out_dtype).contiguous()
+    S = S.reshape(B, H, K, V)
+    if want_T:
+        T_out = T_out.reshape((B, H) + tuple(T_out.shape[1:]))
+    return o, S, T_out
+
+
+def _empty_T(kind, delta, B, H, K, dev):
+    if delta:
+        return torch.eye(K, device=dev).expand(B, H, K, K).clone()
+    if kind == "vector":
+        return torch.ones(B, H, K, device=dev)
+    return torch.ones(B, H, device=dev)
+
+
+def chunk_linear_attn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    delta: bool = False,
+    chunk_size: int = 64,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked form of :func:`naive_recurrent`: returns (o [B,T,H,V] in q's dtype, S [B,H,K,V] fp32).
+
+    ``out`` (optional, [B,T,H,V]) receives o. q/k may have fewer heads than v (grouped value
+    heads, each q/k head serving H_v // H_k consecutive value heads).
+    """
+    o, S, _ = _chunk_core(q, k, v, g, beta, initial_state, scale, delta, chunk_size, out=out)
+    return o, S
+
+
+def chunk_with_transition(
+    q: torch.Tensor | None,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    scale: float | None = None,
+    delta: bool = False,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """One pass producing (o or None when q is None, S [B,H,K,V], T).
+
+    T is the segment's transition operator in structured form (fp32): [B,H] for scalar / no
+    gates, [B,H,K] for per-channel gates, [B,H,K,K] for the delta families; with it
+    S(C | S0) = T . S0 + S(C | 0). With ``initial_state`` S is the end state from that start.
+    """
+    return _chunk_core(q, k, v, g, beta, initial_state, scale, delta, chunk_size, want_T=True)
+
+
+def chunk_retnet(q, k, v, g, initial_state=None, scale=None):
+    """RetNet / Lightning attention: g [H], a fixed log-decay per head."""
+    return chunk_linear_attn(q, k, v, g=g, initial_state=initial_state, scale=scale)
+
+
+def chunk_mamba2(q, k, v, g, initial_state=None, scale=1.0):
+    """Mamba2 (SSD): q = C, k = B, v = dt*x, g = dt*A [B,T,H] (scalar per token)."""
+    return chunk_linear_attn(q, k, v, g=g, initial_state=initial_state, scale=scale)
+
+
+def chunk_gla(q, k, v, g, initial_state=None, scale=None):
+    """GLA: g [B,T,H,K], a per-channel log-decay."""
+    return chunk_linear_attn(q, k, v, g=g, initial_state=initial_state, scale=scale)
+
+
+def chunk_deltanet(q, k, v, beta, initial_state=None, scale=None):
+    """DeltaNet: beta [B,T,H], no decay."""
+    return chunk_linear_attn(q, k, v, beta=beta, initial_state=initial_state, scale=scale, delta=True)
+
+
+def chunk_gated_deltanet(q, k, v, g, beta, initial_state=None, scale=None):
+    """Gated DeltaNet (Qwen3-Next, Qwen3.5): g [B,T,H] scalar per token, beta [B,T,H]."""
+    return chunk_linear_attn(q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=True)
+
+
+def chunk_kda(q, k, v, g, beta, initial_state=None, scale=None):
+    """KDA (Kimi-Linear): g [B,T,H,K] per channel, beta [B,T,H]."""
+    return chunk_linear_attn(q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=True)
+
+
+__all__ = [
+    "SAFE_EXP",
+    "chunk_linear_attn",
+    "chunk_with_transition",
+    "chunk_retnet",
+    "chunk_mamba2",
+    "chunk_gla",
+    "chunk_deltanet",
+    "chunk_gated_deltanet",
+    "chunk_kda",
+]

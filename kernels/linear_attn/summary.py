@@ -1,0 +1,204 @@
+"""Segment summaries: transition operators and their composition (DESIGN.md section 1).
+
+For a segment C = (t_1 .. t_n) of a linear layer, with S_t = A_t S_{t-1} + (write of token t):
+
+    T_C = A_{t_n} ... A_{t_1}        S(C | S_0) = T_C . S_0 + S(C | 0)
+
+and so S(C1 C2) = T_{C2} . S(C1) + S(C2 | 0). ``Summary`` keeps (T_C, S(C|0)) with T in its
+structured form, fp32:
+
+    form      families                          T shape
+    scalar    retnet, mamba2 (and no gate)      [B, H]          T = exp(sum g)
+    vector    gla                               [B, H, K]       T = exp(sum g) per channel
+    matrix    deltanet, gated_deltanet, kda     [B, H, K, K]    acts on S [K, V] from the left
+
+The matrix T is computed chunk-wise in the same pass as S: the chunked recurrence runs on the
+state augmented with K columns started at the identity and fed zero values, sharing the UT
+transform (``chunk_with_transition``), never by a per-token K x K product loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .chunk import chunk_with_transition
+from .conv import causal_conv1d, conv_tail
+from .naive import DELTA_FAMILIES, FAMILIES
+from .rope import apply_rope, rope_rotation
+
+_FORMS = ("scalar", "vector", "matrix")
+
+
+def summary_form(family: str) -> str:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}")
+    if family in DELTA_FAMILIES:
+        return "matrix"
+    return "vector" if family == "gla" else "scalar"
+
+
+@dataclass
+class Summary:
+    """(T, S) of one segment of one linear layer; ``form`` in {"scalar", "vector", "matrix"}."""
+
+    T: torch.Tensor
+    S: torch.Tensor
+    form: str
+
+    def __post_init__(self):
+        if self.form not in _FORMS:
+            raise ValueError(f"form must be one of {_FORMS}, got {self.form!r}")
+
+    def to(self, *args, **kwargs) -> "Summary":
+        return Summary(self.T.to(*args, **kwargs), self.S.to(*args, **kwargs), self.form)
+
+    @property
+    def nbytes(self) -> int:
+        return self.T.numel() * self.T.element_size() + self.S.numel() * self.S.element_size()
+
+
+def _form_of_T(T: torch.Tensor, S: torch.Tensor) -> str:
+    d = S.dim() - T.dim()
+    if d == 2:
+        return "scalar"
+    if d == 1:
+        return "vector"
+    if d == 0:
+        return "matrix"
+    raise ValueError(f"T {tuple(T.shape)} does not fit S {tuple(S.shape)}")
+
+
+def _check_gate(family, g, beta):
+    if family in ("retnet", "mamba2", "gla", "gated_deltanet", "kda") and g is None:
+        raise ValueError(f"{family} needs a gate g")
+    if family in DELTA_FAMILIES and beta is None:
+        raise ValueError(f"{family} needs beta")
+
+
+def segment_summary(
+    family: str,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> Summary:
+    """(T_C, S(C|0)) of the segment given by k [B,T,H,K], v [B,T,H,V] and its gates (fp32 out)."""
+    form = summary_form(family)
+    _check_gate(family, g, beta)
+    _, S, T = chunk_with_transition(
+        None, k, v, g=g, beta=beta, delta=family in DELTA_FAMILIES, chunk_size=chunk_size
+    )
+    return Summary(T.float(), S, form)
+
+
+def prefill_with_summary(
+    family: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor, Summary]:
+    """Prefill and summary in one pass: (o, end state from ``initial_state``, Summary(T, S(C|0))).
+
+    With ``initial_state`` None the end state is S(C|0) itself. Otherwise S(C|0) is recovered as
+    end - T . initial_state (exact up to rounding).
+    """
+    form = summary_form(family)
+    _check_gate(family, g, beta)
+    if scale is None and family == "mamba2":
+        scale = 1.0
+    o, S, T = chunk_with_transition(
+        q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale,
+        delta=family in DELTA_FAMILIES, chunk_size=chunk_size,
+    )
+    S0 = S if initial_state is None else S - _apply_T(T, initial_state.float(), form)
+    return o, S, Summary(T.float(), S0, form)
+
+
+def _apply_T(T: torch.Tensor, X: torch.Tensor, form: str) -> torch.Tensor:
+    if form == "scalar":
+        return T[..., None, None] * X
+    if form == "vector":
+        return T[..., None] * X
+    return torch.matmul(T, X)
+
+
+def compose(summary: Summary, S_in: torch.Tensor | None) -> torch.Tensor:
+    """S_out = T . S_in + S (fp32). S_in None means the zero state."""
+    if S_in is None:
+        return summary.S.float().clone()
+    return _apply_T(summary.T.float(), S_in.float(), summary.form).add_(summary.S.float())
+
+
+def compose_chain(summaries, S_in: torch.Tensor | None = None, return_all: bool = False):
+    """Run S through segments 1..n in order: S_i = T_i S_{i-1} + S_i(0). Returns the final state
+    (and, with ``return_all``, the list [S_in, S_1, ..., S_n] of every boundary state)."""
+    states = [S_in]
+    S = S_in
+    for s in summaries:
+        S = compose(s, S)
+        states.append(S)
+    if S is None:
+        raise ValueError("compose_chain needs at least one summary or an input state")
+    return (S, states) if return_all else S
+
+
+def merge(first: Summary, second: Summary) -> Summary:
+    """Summary of the concatenation first . second: (T2 T1, T2 S1 + S2)."""
+    if first.form != second.form:
+        raise ValueError("cannot merge summaries of different forms")
+    T1, T2 = first.T.float(), second.T.float()
+    T = torch.matmul(T2, T1) if first.form == "matrix" else T2 * T1
+    return Summary(T, compose(second, first.S), first.form)
+
+
+def naive_add(summary: Summary, S_in: torch.Tensor | None) -> torch.Tensor:
+    """The ablation: S_in + S (drops T)."""
+    return summary.S.float().clone() if S_in is None else S_in.float() + summary.S.float()
+
+
+def rerotate(summary_or_state, R: torch.Tensor):
+    """Re-rotate a segment cached at offset 0 for reuse at offset D, with R = R(D) [K, K]
+    (broadcastable, e.g. from :func:`rope_rotation`; R acts on the key dimension).
+
+    state S [.., K, V]  -> R S
+    Summary             -> (R T R^T, R S) for the matrix form; scalar T is unchanged; a vector
+                           (per-channel) T is unchanged too, which is exact when the gate is
+                           tied within every rotation pair (the only case in which a rotated-key
+                           recurrence with a per-channel decay composes at another offset).
+    """
+    Rf = R.float()
+    if isinstance(summary_or_state, Summary):
+        s = summary_or_state
+        S = torch.matmul(Rf, s.S.float())
+        if s.form == "matrix":
+            T = torch.matmul(torch.matmul(Rf, s.T.float()), Rf.transpose(-1, -2))
+        else:
+            T = s.T
+        return Summary(T, S, s.form)
+    return torch.matmul(Rf, summary_or_state.float())
+
+
+__all__ = [
+    "Summary",
+    "summary_form",
+    "segment_summary",
+    "prefill_with_summary",
+    "compose",
+    "compose_chain",
+    "merge",
+    "naive_add",
+    "rerotate",
+    "rope_rotation",
+    "apply_rope",
+    "causal_conv1d",
+    "conv_tail",
+]

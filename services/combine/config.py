@@ -1,0 +1,87 @@
+"""CombineConfig: every knob of a combine worker.
+
+Flags are `--field-name`, environment variables `HYPIC_COMBINE_FIELD_NAME`; flag > env >
+default (common.rpc.config). Sizes accept suffixes: `--max-message-bytes 64MiB`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ENV_PREFIX = "HYPIC_COMBINE_"
+MiB = 1 << 20
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class CombineConfig:
+    """A combine worker: composes entries as they arrive, recomputes seams, prefills the query and
+    decodes (DESIGN §2, §4)."""
+
+    # --- model ---------------------------------------------------------------------------
+    model: Optional[Path] = field(default=None, metadata=_h("checkpoint directory (required)"))
+    dtype: str = field(default="float32", metadata=_h("float32 | bfloat16 | float16"))
+    device: str = field(default="cpu", metadata=_h("torch device of the model"))
+    threads: int = field(default=0, metadata=_h("torch intra-op threads; 0 = torch's default"))
+    max_prompt_tokens: int = field(default=131072, metadata=_h("segments + query, at most"))
+    max_new_tokens: int = field(default=4096, metadata=_h("largest max_tokens accepted"))
+    warmup: bool = field(default=True, metadata=_h("run one small prompt before serving"))
+    # --- network -------------------------------------------------------------------------
+    host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
+    port: int = field(default=50081, metadata=_h("gRPC port; 0 = ephemeral"))
+    port_file: Optional[Path] = field(
+        default=None, metadata=_h("write {port, metrics_port, pid} as JSON here once serving"))
+    max_message_bytes: int = field(default=64 * MiB, metadata=_h("largest gRPC message, each way"))
+    grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    # --- timeouts ------------------------------------------------------------------------
+    default_timeout_s: float = field(default=300.0, metadata=_h(
+        "deadline of an Execute whose caller set none"))
+    segcache_timeout_s: float = field(default=10.0, metadata=_h(
+        "longest wait for one segcache fetch before the segment is rebuilt (capped by the deadline)"))
+    connect_timeout_s: float = field(default=3.0, metadata=_h(
+        "longest wait to connect to a scatter worker or segcache before trying elsewhere"))
+    # --- peers ---------------------------------------------------------------------------
+    segcache_address: Optional[str] = field(default=None, metadata=_h(
+        "segcache used when a plan names none; empty = none (every segment is built)"))
+    nixl: bool = field(default=True, metadata=_h(
+        "read segcache hits with NIXL when both ends have it (else the gRPC stream)"))
+    nixl_min_bytes: int = field(default=1 * MiB, metadata=_h(
+        "smallest entry read with NIXL; smaller ones come over the gRPC stream, which is faster "
+        "for them (no lease round trips, no registration)"))
+    store_local_builds: bool = field(default=True, metadata=_h(
+        "Put segments this worker built itself into segcache when the plan says store_entries"))
+    # --- observability -------------------------------------------------------------------
+    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
+    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
+    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
+    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
+
+    def __post_init__(self) -> None:
+        if self.model is None:
+            raise ValueError("--model (HYPIC_COMBINE_MODEL) is required")
+        self.model = Path(self.model)
+        if self.port_file is not None:
+            self.port_file = Path(self.port_file)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        if self.max_message_bytes < 64 * 1024:
+            raise ValueError("max_message_bytes must be at least 64 KiB")
+        if self.nixl_min_bytes < 0:
+            raise ValueError("nixl_min_bytes must be >= 0")
+        if self.threads < 0 or self.max_prompt_tokens < 1 or self.max_new_tokens < 1:
+            raise ValueError("threads must be >= 0, max_prompt_tokens and max_new_tokens >= 1")
+        for name in ("default_timeout_s", "segcache_timeout_s", "connect_timeout_s", "grace_s"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number > 0")
+        if self.segcache_address is not None and not self.segcache_address.strip():
+            self.segcache_address = None

@@ -1,0 +1,437 @@
+"""Getting one segment's entry: from segcache, from a scatter worker, or built here.
+
+`acquire()` is one asyncio task per segment; every segment of a plan starts at once. It never
+fails for a reason another source could cure:
+
+    SOURCE_SEGCACHE -> segcache (NIXL read when both ends have it, else the gRPC stream)
+                       -> on a miss / error / bad entry: the scatter chain below
+    SOURCE_SCATTER  -> plan.scatter_addresses[worker], then the next addresses in turn
+                       -> on an error / bad entry everywhere: built on this worker
+    SOURCE_LOCAL    -> built on this worker
+
+Every remote call carries the request id (x-request-id) and the time left of the Execute
+deadline; when no time is left the task raises DeadlineExceeded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import grpc
+import structlog
+
+from common.pic.entry import EntryError, SegmentEntry
+from common.rpc.log import REQUEST_ID_KEY
+from common.rpc.nixl_util import NixlUnavailable
+from common.rpc.segcache_client import ChecksumError, SegcacheClient, checksum
+from common.rpc.server import channel_options
+from hypic.v1 import combine_pb2 as cpb
+from hypic.v1 import scatter_pb2 as spb
+from hypic.v1 import scatter_pb2_grpc as spb_grpc
+from hypic.v1 import segcache_pb2 as segpb
+from services.combine import metrics as m
+from services.combine.config import CombineConfig
+
+log = structlog.get_logger("combine.fetch")
+
+TIER_NAMES = {segpb.TIER_DEVICE: "device", segpb.TIER_HOST: "host", segpb.TIER_DISK: "disk"}
+
+
+class DeadlineExceeded(Exception):
+    """The Execute deadline passed."""
+
+
+class PeerUnavailable(Exception):
+    """A peer could not be connected to (refused, unreachable, or too slow to connect)."""
+
+
+class BadEntry(Exception):
+    """Bytes that arrived are not a usable entry for this plan (short, corrupt, mismatched)."""
+
+    def __init__(self, reason: str, details: str):
+        super().__init__(details)
+        self.reason = reason
+
+
+class Deadline:
+    def __init__(self, seconds: float):
+        self.at = time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def left(self, cap: float | None = None) -> float:
+        """Seconds left (at most `cap`); raises DeadlineExceeded when none are."""
+        r = self.remaining()
+        if r <= 0:
+            raise DeadlineExceeded("deadline exceeded")
+        return r if cap is None else min(r, cap)
+
+
+async def ensure_connected(channel: grpc.aio.Channel, timeout: float) -> None:
+    """Return once `channel` is READY; fail fast when the peer refuses connections, and after
+    `timeout` when it does not answer at all (a black-holed address)."""
+    end = time.monotonic() + timeout
+    state = channel.get_state(try_to_connect=True)
+    while state != grpc.ChannelConnectivity.READY:
+        if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
+            raise PeerUnavailable(f"channel {state.name.lower()}")
+        rem = end - time.monotonic()
+        if rem <= 0:
+            raise PeerUnavailable("connect timeout")
+        try:
+            await asyncio.wait_for(channel.wait_for_state_change(state), rem)
+        except asyncio.TimeoutError:
+            raise PeerUnavailable("connect timeout") from None
+        state = channel.get_state()
+
+
+@dataclass
+class Acquired:
+    """One segment's entry and where it really came from."""
+
+    index: int
+    entry: SegmentEntry
+    source: int  # combine_pb2.SegmentSource
+    fetch_s: float  # from the start of the fetch to the entry in hand (build wait for misses)
+    arrived: float  # perf_counter() when it was in hand
+    build_s: float = 0.0
+    tier: str = ""
+    worker: str = ""
+    via_nixl: bool = False
+    nbytes: int = 0
+
+
+class Peers:
+    """Channels to scatter workers and segcache clients, one per address, shared by requests."""
+
+    def __init__(self, cfg: CombineConfig):
+        self.cfg = cfg
+        self._opts = channel_options(cfg.max_message_bytes) + [
+            # A peer that comes back is found again within seconds, not minutes.
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.min_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 2000),
+        ]
+        self._scatter: dict[str, tuple[grpc.aio.Channel, spb_grpc.ScatterStub]] = {}
+        self._segcache: dict[str, tuple[grpc.aio.Channel, SegcacheClient]] = {}
+        self._nixl: dict[str, asyncio.Future] = {}  # address -> NIXL probe (-> bool)
+
+    def scatter(self, addr: str) -> tuple[grpc.aio.Channel, spb_grpc.ScatterStub]:
+        if addr not in self._scatter:
+            ch = grpc.aio.insecure_channel(addr, options=self._opts)
+            self._scatter[addr] = (ch, spb_grpc.ScatterStub(ch))
+        return self._scatter[addr]
+
+    def segcache(self, addr: str) -> tuple[grpc.aio.Channel, SegcacheClient]:
+        if addr not in self._segcache:
+            ch = grpc.aio.insecure_channel(addr, options=self._opts)
+            self._segcache[addr] = (ch, SegcacheClient(addr, channel=ch,
+                                                       max_message_bytes=self.cfg.max_message_bytes,
+                                                       timeout_s=self.cfg.segcache_timeout_s))
+            if self.cfg.nixl:
+                self._probe(addr)
+        return self._segcache[addr]
+
+    # ---- NIXL readiness: probed in the background, never waited for by a request ----------
+    def _probe(self, addr: str) -> asyncio.Future:
+        """The NIXL probe of `addr` (NixlInfo + our own agent, seconds the first time); a probe
+        that failed (segcache down) is started again."""
+        t = self._nixl.get(addr)
+        if t is None or (t.done() and (t.cancelled() or t.exception() is not None)):
+            t = asyncio.ensure_future(self._probe_once(addr))
+            t.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._nixl[addr] = t
+        return t
+
+    async def _probe_once(self, addr: str) -> bool:
+        ok, why = await self.segcache(addr)[1].nixl_available()
+        if ok:
+            log.info("nixl ready", segcache=addr)
+        else:
+            log.info("nixl unavailable, segcache hits go over gRPC", segcache=addr, reason=why)
+        return ok
+
+    def nixl_ready(self, addr: str) -> bool:
+        """Whether hits from `addr` can be read with NIXL now. Never waits: until the probe has
+        answered, reads go over the gRPC stream."""
+        if not self.cfg.nixl:
+            return False
+        t = self._probe(addr)
+        return t.done() and not t.cancelled() and t.exception() is None and bool(t.result())
+
+    async def prepare(self, addr: str, timeout: float) -> bool:
+        """At startup: connect to the default segcache and finish the NIXL probe before serving."""
+        self.segcache(addr)
+        if not self.cfg.nixl:
+            return False
+        try:
+            return bool(await asyncio.wait_for(asyncio.shield(self._probe(addr)), timeout))
+        except Exception as e:  # segcache not up yet: probed again on first use
+            log.warning("nixl probe failed", segcache=addr, error=f"{type(e).__name__}: {e}")
+            return False
+
+    def nixl_broken(self, addr: str, why: str) -> None:
+        """A NIXL read said NIXL is unavailable after all: gRPC from now on for this address."""
+        log.warning("nixl read unavailable, segcache hits go over gRPC", segcache=addr, reason=why)
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(False)
+        self._nixl[addr] = fut
+
+    async def close(self) -> None:
+        for t in self._nixl.values():
+            if not t.done():
+                t.cancel()
+        for ch, _ in [*self._scatter.values(), *self._segcache.values()]:
+            await ch.close()
+
+
+@dataclass
+class RequestCtx:
+    """What a request's segment tasks share."""
+
+    cfg: CombineConfig
+    peers: Peers
+    engine: Any
+    run: Callable[..., Awaitable[Any]]  # runs a function on the engine thread
+    request_id: str
+    deadline: Deadline
+    seam: int  # the seam width entries must have (0 in naive mode)
+    dtype: str
+    scatter_addresses: list[str]
+    segcache_address: str | None
+    store: bool
+    segcache_keys: list[str]  # keys planned as hits (for one tier Lookup on the NIXL path)
+    background: list[asyncio.Task] = field(default_factory=list)  # drains and stores
+    _lookup: asyncio.Task | None = None
+
+    @property
+    def metadata(self) -> list[tuple[str, str]]:
+        return [(REQUEST_ID_KEY, self.request_id)]
+
+    def spawn(self, coro) -> None:
+        t = asyncio.create_task(coro)
+        self.background.append(t)
+
+    def lookup(self, client: SegcacheClient) -> asyncio.Task:
+        """One batched Lookup per request of the keys planned as hits: tier and size of each,
+        which choose between a NIXL read and the gRPC stream (the NIXL client reports no tier)."""
+        if self._lookup is None:
+            keys = self.segcache_keys[:4096]
+            self._lookup = asyncio.create_task(client.lookup(
+                keys, request_id=self.request_id, timeout=self.deadline.left(self.cfg.segcache_timeout_s)))
+            self._lookup.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self.background.append(self._lookup)
+        return self._lookup
+
+
+def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
+    """The entry must be exactly what the plan asks for; otherwise it is rebuilt."""
+    e = ctx.engine
+    if entry.model_fingerprint != e.fingerprint:
+        raise BadEntry("mismatch", f"entry built for another model ({entry.model_fingerprint[:12]})")
+    if entry.seam != ctx.seam:
+        raise BadEntry("mismatch", f"entry built with seam {entry.seam}, the plan uses {ctx.seam}")
+    if entry.dtype != ctx.dtype:
+        raise BadEntry("mismatch", f"entry built in {entry.dtype}, the plan uses {ctx.dtype}")
+    if entry.token_ids != ids:
+        raise BadEntry("mismatch", "entry holds other tokens than the segment")
+
+
+async def parse_entry(data: bytes, ctx: RequestCtx, ids: list[int]) -> SegmentEntry:
+    try:
+        entry = await asyncio.to_thread(SegmentEntry.from_bytes, data)
+    except (EntryError, KeyError, ValueError) as e:  # bad magic/checksum, malformed header
+        raise BadEntry("corrupt", f"{type(e).__name__}: {e}") from None
+    check_entry(entry, ctx, ids)
+    return entry
+
+
+def _reason(e: BaseException) -> str:
+    if isinstance(e, grpc.aio.AioRpcError):
+        return e.code().name.lower()
+    if isinstance(e, BadEntry):
+        return e.reason
+    if isinstance(e, ChecksumError):
+        return "checksum"
+    if isinstance(e, PeerUnavailable):
+        return "unavailable"
+    if isinstance(e, asyncio.TimeoutError):
+        return "timeout"
+    return "error"
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, grpc.aio.AioRpcError):
+        return f"{e.code().name}: {e.details()}"
+    return f"{type(e).__name__}: {e}"
+
+
+# ---- segcache --------------------------------------------------------------------------------
+async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> Acquired | None:
+    """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere)."""
+    addr = ctx.segcache_address
+    assert addr
+    t0 = time.perf_counter()
+    channel, client = ctx.peers.segcache(addr)
+    try:
+        timeout = ctx.deadline.left(ctx.cfg.segcache_timeout_s)
+        await ensure_connected(channel, min(timeout, ctx.cfg.connect_timeout_s))
+        data, tier, via_nixl = None, "", False
+        if ctx.peers.nixl_ready(addr):
+            try:
+                info = next((x for x in await asyncio.shield(ctx.lookup(client)) if x.key == key), None)
+            except (asyncio.CancelledError, DeadlineExceeded):
+                raise
+            except Exception:  # no sizes: read over gRPC
+                info = None
+            if info is not None and info.tier == segpb.TIER_MISS:
+                raise BadEntry("miss", "not cached")
+            if info is not None and info.size >= ctx.cfg.nixl_min_bytes:
+                tier = TIER_NAMES.get(info.tier, "")
+                try:
+                    arr = await client.get_via_nixl(key, request_id=ctx.request_id,
+                                                    timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
+                    if arr is None:
+                        raise BadEntry("miss", "not cached")
+                    data, via_nixl = arr.tobytes(), True
+                except NixlUnavailable as e:
+                    ctx.peers.nixl_broken(addr, str(e))
+                except (BadEntry, DeadlineExceeded, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # a failed NIXL transfer: try the gRPC stream once
+                    m.FALLBACKS.labels("nixl", _reason(e)).inc()
+                    log.warning("nixl read failed, trying gRPC", index=i, key=key, error=_describe(e))
+        if data is None:
+            got = await client.get_with_info(key, request_id=ctx.request_id,
+                                             timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
+            if got is None:
+                raise BadEntry("miss", "not cached")
+            info, buf = got
+            data, tier = bytes(buf), TIER_NAMES.get(info.tier, "")
+        entry = await parse_entry(data, ctx, ids)
+    except (asyncio.CancelledError, DeadlineExceeded):
+        raise
+    except Exception as e:
+        reason = _reason(e)
+        m.FALLBACKS.labels("segcache", reason).inc()
+        (log.info if reason == "miss" else log.warning)(
+            "segcache fetch failed, rebuilding", index=i, key=key, segcache=addr, reason=reason,
+            error=_describe(e))
+        ctx.deadline.left()
+        return None
+    fetch_s = time.perf_counter() - t0
+    m.STAGE_SECONDS.labels("fetch").observe(fetch_s)
+    return Acquired(i, entry, cpb.SOURCE_SEGCACHE, fetch_s, time.perf_counter(), tier=tier,
+                    worker=addr, via_nixl=via_nixl, nbytes=len(data))
+
+
+# ---- scatter -----------------------------------------------------------------------------------
+async def _drain(call: Any) -> None:
+    """Read a Build stream to its end: scatter ends it once its segcache Put is done."""
+    try:
+        while (await call.read()) is not grpc.aio.EOF:
+            pass
+    except Exception as e:  # the entry is already in hand; only the store may be lost
+        log.debug("build stream ended badly after the entry arrived", error=_describe(e))
+
+
+async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: list[int],
+                           t0: float) -> Acquired | None:
+    """The entry built by the scatter worker at `addr`, or None (failure: logged, counted)."""
+    channel, stub = ctx.peers.scatter(addr)
+    call = None
+    try:
+        await ensure_connected(channel, ctx.deadline.left(ctx.cfg.connect_timeout_s))
+        req = spb.BuildRequest(key=key, token_ids=ids, seam=ctx.seam,
+                               model_fingerprint=ctx.engine.fingerprint, dtype=ctx.dtype,
+                               request_id=ctx.request_id, store=ctx.store)
+        call = stub.Build(req, timeout=ctx.deadline.left(), metadata=ctx.metadata)
+        header, buf, n = None, bytearray(), 0
+        while True:
+            msg = await call.read()
+            if msg is grpc.aio.EOF:
+                break
+            if header is None:
+                if not msg.HasField("header"):
+                    raise BadEntry("protocol", "the first Build message carries no header")
+                header = msg.header
+                buf = bytearray(header.size)
+            d = msg.data
+            if n + len(d) > len(buf):
+                raise BadEntry("protocol", f"more than the announced {len(buf)} bytes")
+            buf[n:n + len(d)] = d
+            n += len(d)
+            if n == len(buf):
+                break  # everything is here: compose now, let the stream end in the background
+        if header is None or n != header.size:
+            raise BadEntry("short", f"stream ended after {n} of {header.size if header else '?'} bytes")
+        if header.checksum and checksum(buf) != header.checksum:
+            raise BadEntry("checksum", "bytes do not match the header's checksum")
+        entry = await parse_entry(bytes(buf), ctx, ids)
+    except (asyncio.CancelledError, DeadlineExceeded):
+        if call is not None:
+            call.cancel()
+        raise
+    except Exception as e:
+        if call is not None:
+            call.cancel()
+        m.FALLBACKS.labels("scatter", _reason(e)).inc()
+        log.warning("scatter build failed, trying elsewhere", index=i, key=key, scatter=addr,
+                    reason=_reason(e), error=_describe(e))
+        ctx.deadline.left()
+        return None
+    ctx.spawn(_drain(call))
+    fetch_s = time.perf_counter() - t0
+    m.STAGE_SECONDS.labels("build").observe(fetch_s)
+    return Acquired(i, entry, cpb.SOURCE_SCATTER, fetch_s, time.perf_counter(),
+                    build_s=header.build_s, worker=header.worker or addr, nbytes=n)
+
+
+# ---- local -------------------------------------------------------------------------------------
+def _timed_build(engine, ids: list[int], seam: int) -> tuple[SegmentEntry, float]:
+    t = time.perf_counter()
+    entry = engine.build_entry(ids, seam)
+    return entry, time.perf_counter() - t
+
+
+async def _store(ctx: RequestCtx, key: str, entry: SegmentEntry, build_s: float) -> None:
+    try:
+        data = await asyncio.to_thread(entry.to_bytes)
+        _, client = ctx.peers.segcache(ctx.segcache_address)  # type: ignore[arg-type]
+        await client.put(key, data, recompute_cost_s=build_s, token_count=entry.n_tokens,
+                         model_fingerprint=entry.model_fingerprint, request_id=ctx.request_id,
+                         timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
+    except Exception as e:  # best effort
+        log.warning("store of a local build failed", key=key, error=_describe(e))
+
+
+async def build_local(ctx: RequestCtx, i: int, key: str, ids: list[int], t0: float) -> Acquired:
+    ctx.deadline.left()
+    entry, build_s = await ctx.run(_timed_build, ctx.engine, ids, ctx.seam)
+    if ctx.store and ctx.segcache_address and ctx.cfg.store_local_builds:
+        ctx.spawn(_store(ctx, key, entry, build_s))
+    fetch_s = time.perf_counter() - t0
+    m.STAGE_SECONDS.labels("build").observe(fetch_s)
+    return Acquired(i, entry, cpb.SOURCE_LOCAL, fetch_s, time.perf_counter(), build_s=build_s,
+                    worker="local")
+
+
+# ---- one segment ---------------------------------------------------------------------------------
+async def acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -> Acquired:
+    t0 = time.perf_counter()
+    if seg.source == cpb.SOURCE_SEGCACHE and ctx.segcache_address:
+        got = await fetch_segcache(ctx, i, key, ids)
+        if got is not None:
+            return got
+    addrs = ctx.scatter_addresses
+    if seg.source != cpb.SOURCE_LOCAL and addrs:
+        first = seg.worker if seg.worker < len(addrs) else i % len(addrs)
+        for k in range(len(addrs)):
+            got = await build_on_scatter(ctx, i, addrs[(first + k) % len(addrs)], key, ids, t0)
+            if got is not None:
+                return got
+    return await build_local(ctx, i, key, ids, t0)

@@ -1,0 +1,26 @@
+"""Prometheus metrics of a combine worker.
+
+Per-RPC latency histograms and call counts come from common.rpc (hypic_rpc_latency_seconds,
+hypic_rpc_total, labelled service="combine").
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from common.rpc.metrics import LATENCY_BUCKETS
+
+# stage: fetch (one segcache read), build (one scatter/local build wait), compose (body
+# composition of one segment), seams (seam recompute of one segment), query_prefill,
+# decode_token, ttft, total (one request).
+STAGE_SECONDS = Histogram("combine_stage_seconds", "Latency of each stage of an Execute",
+                          ["stage"], buckets=LATENCY_BUCKETS)
+# source: where the segment really came from (segcache, scatter, local); via: nixl | grpc | local.
+SEGMENTS = Counter("combine_segments", "Segments composed, by the source actually used",
+                   ["source", "via"])
+# what: segcache | scatter; reason: miss, unavailable, checksum, mismatch, error ...
+FALLBACKS = Counter("combine_fallbacks", "Fetches or builds that failed and were done elsewhere",
+                    ["what", "reason"])
+REQUESTS = Counter("combine_requests", "Execute calls by mode and outcome", ["mode", "outcome"])
+TOKENS = Counter("combine_generated_tokens", "Tokens generated")
+IN_FLIGHT = Gauge("combine_in_flight", "Execute calls in progress")

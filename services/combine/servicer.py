@@ -1,0 +1,352 @@
+"""The hypic.v1.Combine gRPC servicer: run a plan, stream segment, token and timing events.
+
+The request lifecycle is written out step by step in docs/combine.md. Model compute (entry
+builds, composition, the query chunk, each decode step) runs on one engine thread — a
+single-worker executor, so requests never run the model at once and a cancelled request cannot
+release the model while its computation is still running — and the event loop stays free for
+transfers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import grpc
+import structlog
+import torch
+
+from common.engine import _pick as pick_token  # the sampler engine.generate uses
+from common.pic import compose_segment, prefill_segments
+from common.pic.entry import dtype_name, segment_key
+from common.rpc.log import new_request_id
+from hypic.v1 import combine_pb2 as pb
+from hypic.v1 import combine_pb2_grpc as pb_grpc
+from hypic.v1 import router_pb2 as rpb
+from services.combine import metrics as m
+from services.combine.config import CombineConfig
+from services.combine.fetch import Acquired, Deadline, DeadlineExceeded, Peers, RequestCtx, acquire
+
+log = structlog.get_logger("combine.servicer")
+
+SERVICE_NAME = "hypic.v1.Combine"
+MODES = {rpb.PREFILL_MODE_HYPIC: "hypic", rpb.PREFILL_MODE_FULL: "full",
+         rpb.PREFILL_MODE_PREFIX: "prefix", rpb.PREFILL_MODE_NAIVE: "naive"}
+SOURCES = {pb.SOURCE_SEGCACHE: "segcache", pb.SOURCE_SCATTER: "scatter", pb.SOURCE_LOCAL: "local"}
+BACKGROUND_WAIT_S = 10.0  # longest wait at the end for scatter streams / stores to finish
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def _invalid(details: str) -> _Abort:
+    return _Abort(grpc.StatusCode.INVALID_ARGUMENT, details)
+
+
+class _SeamTimer:
+    """Stands in for the engine inside compose_segment and times its forward calls, which are
+    exactly the seam recompute; everything else is passed through untouched."""
+
+    def __init__(self, engine: Any):
+        self._engine = engine
+        self.seconds = 0.0
+
+    def forward(self, *args: Any, **kw: Any):
+        t = time.perf_counter()
+        try:
+            return self._engine.forward(*args, **kw)
+        finally:
+            self.seconds += time.perf_counter() - t
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def eos_token_ids(engine: Any, model_dir: Path) -> set[int]:
+    found: set[int] = set()
+    sources = [getattr(engine.config, "eos_token_id", None)]
+    gen = Path(model_dir) / "generation_config.json"
+    if gen.exists():
+        try:
+            sources.append(json.loads(gen.read_text()).get("eos_token_id"))
+        except ValueError:
+            pass
+    if engine.tokenizer is not None:
+        sources.append(engine.tokenizer.eos_token_id)
+    for s in sources:
+        if isinstance(s, int):
+            found.add(s)
+        elif isinstance(s, (list, tuple)):
+            found.update(int(t) for t in s if isinstance(t, int))
+    return found
+
+
+class CombineServicer(pb_grpc.CombineServicer):
+    def __init__(self, cfg: CombineConfig, engine: Any):
+        self.cfg = cfg
+        self.engine = engine
+        self.dtype = dtype_name(engine.dtype)
+        self.eos = eos_token_ids(engine, cfg.model)  # type: ignore[arg-type]
+        self.peers = Peers(cfg)
+        self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="combine-engine")
+        self.in_flight = 0
+
+    async def run(self, fn: Callable, *args: Any) -> Any:
+        """Run fn(*args) on the engine thread (one at a time, in arrival order)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.engine_thread, functools.partial(fn, *args))
+
+    async def close(self) -> None:
+        await self.peers.close()
+        self.engine_thread.shutdown(wait=True, cancel_futures=True)
+
+    # ---- validation ---------------------------------------------------------------------
+    def _validate(self, plan: pb.Plan) -> tuple[str, list[list[int]], list[str], list[int]]:
+        mode = MODES.get(plan.mode)
+        if mode is None:
+            raise _invalid(f"unknown prefill mode {plan.mode}")
+        if not plan.segments:
+            raise _invalid("no segments")
+        if not plan.query:
+            raise _invalid("empty query: the next-token logits come from the query's last token")
+        if plan.max_tokens == 0:
+            raise _invalid("max_tokens must be > 0")
+        if plan.max_tokens > self.cfg.max_new_tokens:
+            raise _invalid(f"max_tokens {plan.max_tokens} > {self.cfg.max_new_tokens}")
+        if not (math.isfinite(plan.temperature) and plan.temperature >= 0):
+            raise _invalid("temperature must be a finite number >= 0")
+        total = sum(len(s.token_ids) for s in plan.segments) + len(plan.query)
+        if total > self.cfg.max_prompt_tokens:
+            raise _invalid(f"prompt of {total} tokens; at most {self.cfg.max_prompt_tokens}")
+        n_addr = len(plan.scatter_addresses)
+        segs: list[list[int]] = []
+        for i, s in enumerate(plan.segments):
+            if not s.token_ids:
+                raise _invalid(f"segment {i} is empty")
+            if s.source not in SOURCES:
+                raise _invalid(f"segment {i}: unknown source {s.source}")
+            if s.source == pb.SOURCE_SCATTER and s.worker >= n_addr:
+                raise _invalid(f"segment {i}: worker {s.worker} but {n_addr} scatter addresses")
+            try:
+                segs.append(self.engine.check_tokens(s.token_ids))
+            except ValueError as e:
+                raise _invalid(f"segment {i}: {e}") from None
+        try:
+            query = self.engine.check_tokens(plan.query)
+        except ValueError as e:
+            raise _invalid(f"query: {e}") from None
+        if plan.model_fingerprint != self.engine.fingerprint:
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"model fingerprint {plan.model_fingerprint[:12]!r} is not this worker's "
+                         f"({self.engine.fingerprint[:12]})")
+        if plan.dtype != self.dtype:
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"dtype {plan.dtype!r} is not this worker's ({self.dtype})")
+        seam = 0 if mode == "naive" else int(plan.seam)
+        keys = [segment_key(self.engine.fingerprint, seam, self.dtype, ids) for ids in segs]
+        if mode in ("hypic", "naive"):
+            for i, (s, k) in enumerate(zip(plan.segments, keys)):
+                if s.key and s.key != k:
+                    raise _invalid(f"segment {i}: key {s.key[:16]!r} is not segment_key(...) "
+                                   f"of its tokens with seam {seam} ({k[:16]})")
+        return mode, segs, keys, query
+
+    # ---- RPCs -----------------------------------------------------------------------------
+    async def Info(self, request: pb.CombineInfoRequest, context) -> pb.CombineInfoResponse:
+        return pb.CombineInfoResponse(model_type=self.engine.model_type,
+                                      model_fingerprint=self.engine.fingerprint,
+                                      dtype=self.dtype, in_flight=self.in_flight)
+
+    async def Execute(self, plan: pb.Plan, context):
+        t_start = time.perf_counter()
+        rid = plan.request_id or structlog.contextvars.get_contextvars().get("request_id") or new_request_id()
+        structlog.contextvars.bind_contextvars(request_id=rid)
+        mode = MODES.get(plan.mode, "unknown")
+        try:
+            mode, segs, keys, query = self._validate(plan)
+        except _Abort as e:
+            m.REQUESTS.labels(mode, "rejected").inc()
+            log.info("plan rejected", code=e.code.name, details=e.details)
+            await context.abort(e.code, e.details)
+        remaining = context.time_remaining()
+        deadline = Deadline(remaining if remaining is not None else self.cfg.default_timeout_s)
+        seam = 0 if mode == "naive" else int(plan.seam)
+        ctx = RequestCtx(
+            cfg=self.cfg, peers=self.peers, engine=self.engine, run=self.run, request_id=rid,
+            deadline=deadline, seam=seam, dtype=self.dtype,
+            scatter_addresses=list(plan.scatter_addresses),
+            segcache_address=plan.segcache_address or self.cfg.segcache_address,
+            store=plan.store_entries,
+            segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == pb.SOURCE_SEGCACHE])
+        tasks: list[asyncio.Task] = []
+        timings = rpb.Timings(segments=len(segs),
+                              prompt_tokens=sum(len(s) for s in segs) + len(query))
+        self.in_flight += 1
+        m.IN_FLIGHT.inc()
+        outcome = "error"
+        try:
+            # 1. the prompt state: composed from entries, or recomputed (baselines)
+            if mode in ("hypic", "naive"):
+                state = self.engine.new_state()
+                async for ev in self._compose(ctx, plan, segs, keys, tasks, timings, t_start):
+                    if isinstance(ev, pb.SegmentReady):
+                        yield pb.CombineEvent(segment=ev)
+                    else:
+                        state = ev
+                deadline.left()
+                t = time.perf_counter()
+                logits, state = await self.run(self._query, query, state)
+            else:
+                t = time.perf_counter()
+                logits, state = await self.run(self._baseline, mode, segs, query)
+            timings.query_prefill_s = time.perf_counter() - t
+            m.STAGE_SECONDS.labels("query_prefill").observe(timings.query_prefill_s)
+            # 2. decode: the first token from the prompt's logits, then one step per token
+            gen = torch.Generator().manual_seed(int(plan.seed)) if plan.temperature > 0 else None
+            top_k = min(int(plan.top_k), self.engine.vocab_size)
+            pick = functools.partial(pick_token, temperature=float(plan.temperature), top_k=top_k,
+                                     gen=gen)
+            tok = pick(logits)
+            first = rpb.TokenEvent(token_id=tok, index=0)
+            if plan.return_logits:
+                first.logits.extend(logits.float().tolist())
+            timings.ttft_s = time.perf_counter() - t_start
+            m.STAGE_SECONDS.labels("ttft").observe(timings.ttft_s)
+            yield pb.CombineEvent(token=first)
+            m.TOKENS.inc()
+            for index in range(1, plan.max_tokens):
+                if plan.stop_at_eos and tok in self.eos:
+                    break
+                deadline.left()
+                t = time.perf_counter()
+                tok, state = await self.run(self._step, tok, state, pick)
+                m.STAGE_SECONDS.labels("decode_token").observe(time.perf_counter() - t)
+                yield pb.CombineEvent(token=rpb.TokenEvent(token_id=tok, index=index))
+                m.TOKENS.inc()
+            # 3. let scatter streams end (their segcache Puts) and local stores finish
+            if ctx.background:
+                await asyncio.wait(ctx.background, timeout=min(BACKGROUND_WAIT_S, max(0.0, deadline.remaining())))
+            timings.total_s = time.perf_counter() - t_start
+            m.STAGE_SECONDS.labels("total").observe(timings.total_s)
+            log.info("executed", mode=mode, segments=timings.segments, hits=timings.hits,
+                     misses=timings.misses, prompt_tokens=timings.prompt_tokens,
+                     ttft_s=round(timings.ttft_s, 6), total_s=round(timings.total_s, 6))
+            yield pb.CombineEvent(timings=timings)
+            outcome = "ok"
+        except DeadlineExceeded:
+            outcome = "deadline"
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded")
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            log.info("cancelled by the caller")
+            raise
+        except GeneratorExit:
+            outcome = "cancelled"
+            raise
+        except _Abort as e:
+            outcome = "error"
+            await context.abort(e.code, e.details)
+        finally:
+            for t in [*tasks, *ctx.background]:
+                if not t.done():
+                    t.cancel()
+            self.in_flight -= 1
+            m.IN_FLIGHT.dec()
+            m.REQUESTS.labels(mode, outcome).inc()
+
+    # ---- stages -----------------------------------------------------------------------------
+    async def _compose(self, ctx: RequestCtx, plan: pb.Plan, segs: list[list[int]], keys: list[str],
+                       tasks: list[asyncio.Task], timings: rpb.Timings, t_start: float):
+        """Start every segment's fetch at once; compose segment i as soon as it and all before
+        it are in hand. Yields a SegmentReady per segment as it arrives (any order) and, last,
+        the composed state."""
+        arrivals: asyncio.Queue[int] = asyncio.Queue()
+        for i, (seg, key, ids) in enumerate(zip(plan.segments, keys, segs)):
+            t = asyncio.create_task(acquire(ctx, i, seg, key, ids), name=f"segment-{i}")
+            t.add_done_callback(lambda _t, i=i: arrivals.put_nowait(i))
+            tasks.append(t)
+        naive = plan.mode == rpb.PREFILL_MODE_NAIVE  # entries with seam 0, added without T
+        state = self.engine.new_state()
+        ready: dict[int, Acquired] = {}
+        last_arrival = last_scatter = t_start
+        for nxt in range(len(segs)):
+            while True:  # take every arrival so far; wait only while segment nxt is missing
+                try:
+                    i = arrivals.get_nowait()
+                except asyncio.QueueEmpty:
+                    if nxt in ready:
+                        break
+                    try:
+                        i = await asyncio.wait_for(arrivals.get(), ctx.deadline.left())
+                    except asyncio.TimeoutError:
+                        raise DeadlineExceeded("deadline exceeded") from None
+                try:
+                    a = tasks[i].result()
+                except (DeadlineExceeded, asyncio.CancelledError):
+                    raise
+                except Exception as e:  # only a local build can fail here: nothing else to try
+                    log.exception("segment could not be built", index=i)
+                    raise _Abort(grpc.StatusCode.INTERNAL,
+                                 f"segment {i} could not be built: {type(e).__name__}: {e}") from None
+                ready[i] = a
+                last_arrival = max(last_arrival, a.arrived)
+                if a.source == pb.SOURCE_SEGCACHE:
+                    timings.hits += 1
+                    if a.tier:
+                        timings.hits_by_tier[a.tier] = timings.hits_by_tier.get(a.tier, 0) + 1
+                else:
+                    timings.misses += 1
+                    if a.source == pb.SOURCE_SCATTER:
+                        last_scatter = max(last_scatter, a.arrived)
+                m.SEGMENTS.labels(SOURCES[a.source], "nixl" if a.via_nixl else
+                                  "local" if a.source == pb.SOURCE_LOCAL else "grpc").inc()
+                yield pb.SegmentReady(index=i, source=a.source, tier=a.tier, fetch_s=a.fetch_s,
+                                      build_s=a.build_s, tokens=len(segs[i]), worker=a.worker,
+                                      via_nixl=a.via_nixl)
+            entry = ready.pop(nxt).entry
+            ctx.deadline.left()
+            state, compose_s, seams_s = await self.run(self._compose_one, state, entry, naive)
+            timings.compose_s += compose_s
+            timings.seams_s += seams_s
+            m.STAGE_SECONDS.labels("compose").observe(compose_s)
+            m.STAGE_SECONDS.labels("seams").observe(seams_s)
+        timings.transfer_s = last_arrival - t_start
+        timings.scatter_s = last_scatter - t_start
+        yield state
+
+    def _compose_one(self, state, entry, naive: bool):
+        """Engine thread: extend the state by one segment (seam recompute + cached body)."""
+        timer = _SeamTimer(self.engine)
+        t = time.perf_counter()
+        state = compose_segment(timer, state, entry, naive=naive)
+        total = time.perf_counter() - t
+        return state, total - timer.seconds, timer.seconds
+
+    @torch.inference_mode()
+    def _query(self, query: list[int], state):
+        """Engine thread: the query as one chunk from the composed state (as prefill_segments)."""
+        _, logits, state = self.engine.forward(query, state)
+        return logits[-1], state
+
+    def _baseline(self, mode: str, segs: list[list[int]], query: list[int]):
+        """Engine thread: full recompute, or this worker's own prefix cache."""
+        if mode == "full":
+            out = self.engine.prefill([t for s in segs for t in s] + query)
+        else:
+            out = prefill_segments(self.engine, segs, query, mode="prefix")
+        return out.logits, out.state
+
+    @torch.inference_mode()
+    def _step(self, tok: int, state, pick: Callable):
+        logits, state = self.engine.decode_step(tok, state)
+        return pick(logits), state

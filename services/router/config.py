@@ -1,0 +1,121 @@
+"""RouterConfig: every knob of the router service.
+
+Flags are `--field-name`, environment variables `HYPIC_ROUTER_FIELD_NAME`; flag > env > default
+(common.rpc.config). Address lists are comma-separated:
+`--scatter-addresses 127.0.0.1:50071,127.0.0.1:50072`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ENV_PREFIX = "HYPIC_ROUTER_"
+MiB = 1 << 20
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+def split_addresses(text: str) -> list[str]:
+    return [a.strip() for a in (text or "").split(",") if a.strip()]
+
+
+@dataclass
+class RouterConfig:
+    """The client-facing router: tokenize, look up, plan (LPT), hand the plan to combine."""
+
+    # --- model ---------------------------------------------------------------------------
+    model: Path = field(default=Path("models/hypic-tiny-qwen35"), metadata=_h(
+        "model directory (config.json, *.safetensors, tokenizer files); weights are hashed for "
+        "the fingerprint, never loaded"))
+    seam: int = field(default=8, metadata=_h("seam window (tokens recomputed per segment)"))
+    dtype: str = field(default="float32", metadata=_h("entry dtype: float32 | bfloat16 | float16 "
+                                                      "(must match scatter and combine)"))
+    # --- network -------------------------------------------------------------------------
+    host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
+    port: int = field(default=50051, metadata=_h("gRPC port; 0 = ephemeral"))
+    port_file: Optional[Path] = field(
+        default=None, metadata=_h("write {port, metrics_port, pid} as JSON here once serving"))
+    max_message_bytes: int = field(default=16 * MiB, metadata=_h("largest gRPC message, each way"))
+    grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    # --- the mesh ------------------------------------------------------------------------
+    segcache_address: str = field(default="", metadata=_h(
+        "segcache host:port; empty = no cache (every segment is a miss, nothing stored)"))
+    scatter_addresses: str = field(default="", metadata=_h(
+        "scatter worker host:port list, comma-separated; empty = misses are built on combine"))
+    combine_addresses: str = field(default="127.0.0.1:50081", metadata=_h(
+        "combine host:port list, comma-separated (least loaded first, the next on UNAVAILABLE)"))
+    # --- limits --------------------------------------------------------------------------
+    max_prompt_tokens: int = field(default=32768, metadata=_h("longest prompt (segments + query)"))
+    max_segments: int = field(default=1024, metadata=_h("most segments in one request"))
+    max_tokens_limit: int = field(default=4096, metadata=_h("largest max_tokens accepted"))
+    max_in_flight: int = field(default=64, metadata=_h("requests in flight before "
+                                                       "RESOURCE_EXHAUSTED"))
+    # --- timeouts (seconds; every downstream call also honours the client's deadline) ----
+    lookup_timeout_s: float = field(default=1.0, metadata=_h(
+        "segcache Lookup budget; slower or failing lookups count every segment as a miss"))
+    request_timeout_s: float = field(default=300.0, metadata=_h(
+        "deadline given to combine when the client set none"))
+    combine_cooldown_s: float = field(default=2.0, metadata=_h(
+        "a combine that answered UNAVAILABLE is tried last for this long"))
+    load_poll_s: float = field(default=1.0, metadata=_h("Scatter.Load poll period; 0 = off"))
+    load_timeout_s: float = field(default=0.5, metadata=_h("Scatter.Load call timeout"))
+    # --- cost model prior: t = a + b·L + c·L² ---------------------------------------------
+    cost_a_s: float = field(default=0.02, metadata=_h("prior fixed cost of one build (s)"))
+    cost_b_s: float = field(default=2e-4, metadata=_h("prior cost per token (s)"))
+    cost_c_s: float = field(default=2e-9, metadata=_h("prior cost per token² (s)"))
+    tokenizer_threads: int = field(default=2, metadata=_h("threads for tokenizing"))
+    # --- observability -------------------------------------------------------------------
+    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
+    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
+    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
+    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
+
+    def __post_init__(self) -> None:
+        self.model = Path(self.model)
+        if self.port_file is not None:
+            self.port_file = Path(self.port_file)
+        self.dtype = self.dtype.lower()
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.seam < 0:
+            raise ValueError("seam must be >= 0")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        self.segcache_address = (self.segcache_address or "").strip()
+        if not self.combines:
+            raise ValueError("at least one combine address is needed (--combine-addresses)")
+        for name in ("max_prompt_tokens", "max_segments", "max_tokens_limit", "max_in_flight",
+                     "tokenizer_threads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        for name in ("lookup_timeout_s", "request_timeout_s", "load_timeout_s"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number > 0")
+        for name in ("combine_cooldown_s", "load_poll_s", "grace_s", "cost_a_s", "cost_b_s",
+                     "cost_c_s"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number >= 0")
+        if self.max_message_bytes < 64 * 1024:
+            raise ValueError("max_message_bytes must be at least 64 KiB")
+
+    @property
+    def scatters(self) -> list[str]:
+        """scatter_addresses as a list."""
+        return split_addresses(self.scatter_addresses)
+
+    @property
+    def combines(self) -> list[str]:
+        """combine_addresses as a list."""
+        return split_addresses(self.combine_addresses)
+
+    @property
+    def cost_prior(self) -> tuple[float, float, float]:
+        return (self.cost_a_s, self.cost_b_s, self.cost_c_s)

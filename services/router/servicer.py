@@ -1,0 +1,546 @@
+"""The hypic.v1.Router gRPC servicer (grpc.aio).
+
+Generate: validate → tokenize → keys → segcache Lookup (best effort) → LPT plan of the misses →
+combine.Execute(plan) (least loaded combine first, the next one on UNAVAILABLE) → forward tokens
+(detokenized) and timings; SegmentReady events feed the planner's cost model and load books.
+Every downstream call carries x-request-id and the remaining deadline; a client that goes away
+cancels the combine stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import grpc
+import structlog
+
+from common.fingerprint import segment_key
+from common.rpc.log import REQUEST_ID_KEY
+from common.rpc.segcache_client import SegcacheClient
+from common.rpc.server import channel_options
+from hypic.v1 import combine_pb2 as cpb
+from hypic.v1 import combine_pb2_grpc as cpb_grpc
+from hypic.v1 import router_pb2 as pb
+from hypic.v1 import router_pb2_grpc as pb_grpc
+from hypic.v1 import scatter_pb2 as spb
+from hypic.v1 import scatter_pb2_grpc as spb_grpc
+from hypic.v1 import segcache_pb2 as scpb
+from services.router import metrics as m
+from services.router.config import RouterConfig
+from services.router.model import ModelInfo
+from services.router.planner import CostModel, Job, Planner, Ticket
+
+log = structlog.get_logger("router.servicer")
+
+SERVICE_NAME = "hypic.v1.Router"
+MODE_NAMES = {pb.PREFILL_MODE_HYPIC: "hypic", pb.PREFILL_MODE_FULL: "full",
+              pb.PREFILL_MODE_PREFIX: "prefix", pb.PREFILL_MODE_NAIVE: "naive"}
+# Reconnect quickly after a peer restarts (grpc's default backoff grows to 120 s). The connect
+# timeout itself ("grpc.min_reconnect_backoff_ms", 20 s) stays grpc's default.
+BACKOFF_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200),
+                   ("grpc.max_reconnect_backoff_ms", 2000)]
+
+
+def tier_name(tier: int) -> str:
+    """'device' | 'host' | 'disk' for a segcache Tier."""
+    return scpb.Tier.Name(tier).removeprefix("TIER_").lower() if tier in scpb.Tier.values() else str(tier)
+
+
+def _norm_tier(text: str) -> str:
+    return text.strip().lower().removeprefix("tier_")
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+def _sanitize_id(text: str) -> str:
+    return "".join(c for c in text if c.isprintable())[:64]
+
+
+# ---- downstream pools -----------------------------------------------------------------------
+
+@dataclass(eq=False)
+class _Combine:
+    address: str
+    channel: grpc.aio.Channel
+    stub: cpb_grpc.CombineStub
+    in_flight: int = 0
+    cooldown_until: float = 0.0
+
+    def connected(self) -> bool:
+        return self.channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
+
+
+class CombinePool:
+    """Picks a combine: healthy ones first, then fewest requests in flight, round-robin on ties."""
+
+    def __init__(self, addresses: list[str], options: list, cooldown_s: float):
+        self.cooldown_s = cooldown_s
+        self.items = []
+        for a in addresses:
+            ch = grpc.aio.insecure_channel(a, options=options)
+            self.items.append(_Combine(a, ch, cpb_grpc.CombineStub(ch)))
+        self._rr = 0
+
+    def order(self) -> list[_Combine]:
+        now = time.monotonic()
+        n = len(self.items)
+        self._rr = (self._rr + 1) % max(n, 1)
+        ranked = sorted(range(n), key=lambda i: (self.items[i].cooldown_until > now,
+                                                 self.items[i].in_flight, (i - self._rr) % n))
+        return [self.items[i] for i in ranked]
+
+    def failed(self, c: _Combine) -> None:
+        c.cooldown_until = time.monotonic() + self.cooldown_s
+
+    async def close(self) -> None:
+        for c in self.items:
+            await c.channel.close()
+
+
+class ScatterPool:
+    """Scatter.Load polls: external load and up/down state for the planner."""
+
+    def __init__(self, addresses: list[str], options: list, planner: Planner, fingerprint: str,
+                 timeout_s: float):
+        self.addresses = addresses
+        self.planner = planner
+        self.fingerprint = fingerprint
+        self.timeout_s = timeout_s
+        self.channels = [grpc.aio.insecure_channel(a, options=options) for a in addresses]
+        self.stubs = [spb_grpc.ScatterStub(ch) for ch in self.channels]
+        self._warned: set[int] = set()
+
+    async def poll_once(self) -> None:
+        async def one(w: int) -> None:
+            try:
+                r = await self.stubs[w].Load(spb.LoadRequest(), timeout=self.timeout_s)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self.planner.mark_down(w, False)  # an older worker: no Load, still usable
+                    return
+                if w not in self.planner._down:
+                    log.warning("scatter worker not answering", worker=self.addresses[w],
+                                code=e.code().name)
+                self.planner.mark_down(w, True)
+                m.WORKER_UP.labels(self.addresses[w]).set(0)
+                return
+            if r.model_fingerprint and self.fingerprint and r.model_fingerprint != self.fingerprint:
+                if w not in self._warned:
+                    self._warned.add(w)
+                    log.error("scatter worker serves another model; not assigning to it",
+                              worker=self.addresses[w], theirs=r.model_fingerprint,
+                              ours=self.fingerprint)
+                self.planner.mark_down(w, True)
+                m.WORKER_UP.labels(self.addresses[w]).set(0)
+                return
+            if w in self.planner._down:
+                log.info("scatter worker back", worker=self.addresses[w])
+            self.planner.mark_down(w, False)
+            self.planner.set_external_load(w, r.in_flight, r.queued_tokens)
+            m.WORKER_UP.labels(self.addresses[w]).set(1)
+
+        await asyncio.gather(*(one(w) for w in range(len(self.stubs))))
+
+    async def run(self, period_s: float) -> None:
+        while True:
+            try:
+                await self.poll_once()
+            except Exception:  # never let the poller die
+                log.exception("scatter load poll failed")
+            await asyncio.sleep(period_s)
+
+    async def close(self) -> None:
+        for ch in self.channels:
+            await ch.close()
+
+
+# ---- per-request state ----------------------------------------------------------------------
+
+@dataclass
+class _Request:
+    rid: str
+    mode: int
+    t0: float
+    deadline: float
+    segments: list[list[int]] = field(default_factory=list)
+    query: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    tokenize_s: float = 0.0
+    lookup_s: float = 0.0
+    planned_tiers: dict[int, str] = field(default_factory=dict)   # segment index -> tier (hits)
+    planned_misses: int = 0
+    ticket: Ticket | None = None
+    ready: dict[int, tuple[int, str]] = field(default_factory=dict)  # index -> (source, tier)
+    combine_timings: pb.Timings = field(default_factory=pb.Timings)
+    ttft_s: float = 0.0
+    tokens_sent: int = 0
+
+    @property
+    def mode_name(self) -> str:
+        return MODE_NAMES.get(self.mode, str(self.mode))
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+class RouterServicer(pb_grpc.RouterServicer):
+    def __init__(self, cfg: RouterConfig, model: ModelInfo, executor: Executor):
+        self.cfg = cfg
+        self.model = model
+        self.executor = executor
+        options = channel_options(cfg.max_message_bytes) + BACKOFF_OPTIONS
+        self.scatter_addresses = cfg.scatters
+        self.planner = Planner(len(self.scatter_addresses), CostModel(cfg.cost_prior))
+        self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s)
+        self.scatters = ScatterPool(self.scatter_addresses, options, self.planner,
+                                    model.fingerprint, cfg.load_timeout_s)
+        self.segcache: SegcacheClient | None = None
+        if cfg.segcache_address:
+            ch = grpc.aio.insecure_channel(cfg.segcache_address, options=options)
+            self.segcache = SegcacheClient(cfg.segcache_address, timeout_s=cfg.lookup_timeout_s,
+                                           max_message_bytes=cfg.max_message_bytes, channel=ch)
+        self.in_flight = 0
+        self._tasks: list[asyncio.Task] = []
+        self._publish_cost()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start_background(self) -> None:
+        if self.scatter_addresses and self.cfg.load_poll_s > 0:
+            self._tasks.append(asyncio.create_task(self.scatters.run(self.cfg.load_poll_s)))
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self.combines.close()
+        await self.scatters.close()
+        if self.segcache is not None:
+            await self.segcache.close()
+
+    def _publish_cost(self) -> None:
+        for name, v in zip("abc", self.planner.cost.coefficients):
+            m.COST_COEF.labels(name).set(v)
+
+    def _publish_loads(self) -> None:
+        for w, a in enumerate(self.scatter_addresses):
+            m.WORKER_LOAD.labels(a).set(self.planner.load(w))
+
+    # ---- Info ----------------------------------------------------------------------------------
+    async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
+        return pb.InfoResponse(
+            model_type=self.model.model_type, model_fingerprint=self.model.fingerprint,
+            vocab_size=self.model.vocab_size, seam=self.cfg.seam, dtype=self.cfg.dtype,
+            max_prompt_tokens=self.cfg.max_prompt_tokens,
+            scatter_addresses=self.scatter_addresses,
+            combine_addresses=self.cfg.combines, segcache_address=self.cfg.segcache_address)
+
+    # ---- Generate ------------------------------------------------------------------------------
+    async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateEvent]:
+        t0 = time.perf_counter()
+        rid = _sanitize_id(request.request_id) or \
+            structlog.contextvars.get_contextvars().get("request_id") or ""
+        structlog.contextvars.bind_contextvars(request_id=rid)
+        remaining = context.time_remaining()
+        budget = self.cfg.request_timeout_s if remaining is None else remaining
+        req = _Request(rid=rid, mode=request.mode, t0=t0, deadline=time.monotonic() + budget)
+        code = "OK"
+        if self.in_flight >= self.cfg.max_in_flight:
+            m.REQUESTS.labels(req.mode_name, "RESOURCE_EXHAUSTED").inc()
+            log.warning("rejected: too many requests in flight", in_flight=self.in_flight)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.in_flight} requests in flight (max_in_flight "
+                                f"{self.cfg.max_in_flight}); retry later")
+        self.in_flight += 1
+        m.IN_FLIGHT.set(self.in_flight)
+        try:
+            await self._prepare(request, req)
+            plan = await self._plan(request, req)
+            async with contextlib.aclosing(self._execute(plan, req)) as events:
+                async for ev in events:
+                    yield ev
+        except _Abort as e:
+            code = e.code.name
+            log.info("request failed", code=code, details=e.details)
+            await context.abort(e.code, e.details)
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            log.info("request cancelled", tokens_sent=req.tokens_sent)
+            raise
+        except Exception as e:
+            code = "INTERNAL"
+            log.exception("internal error", error=str(e))
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+        finally:
+            self.in_flight -= 1
+            m.IN_FLIGHT.set(self.in_flight)
+            m.REQUESTS.labels(req.mode_name, code).inc()
+            if req.ticket is not None:
+                self.planner.release(req.ticket)
+                self._publish_loads()
+
+    # ---- stages --------------------------------------------------------------------------------
+    async def _prepare(self, request: pb.GenerateRequest, req: _Request) -> None:
+        """Validate and tokenize (INVALID_ARGUMENT on anything malformed)."""
+        cfg = self.cfg
+        bad = grpc.StatusCode.INVALID_ARGUMENT
+        if request.mode not in MODE_NAMES:
+            raise _Abort(bad, f"unknown prefill mode {request.mode}")
+        if not request.segments:
+            raise _Abort(bad, "no segments")
+        if len(request.segments) > cfg.max_segments:
+            raise _Abort(bad, f"{len(request.segments)} segments; at most {cfg.max_segments}")
+        if request.max_tokens <= 0:
+            raise _Abort(bad, "max_tokens must be > 0")
+        if request.max_tokens > cfg.max_tokens_limit:
+            raise _Abort(bad, f"max_tokens {request.max_tokens} over the limit {cfg.max_tokens_limit}")
+        if not (math.isfinite(request.temperature) and request.temperature >= 0):
+            raise _Abort(bad, "temperature must be a finite number >= 0")
+        parts = list(request.segments) + [request.query]
+        names = [f"segment {i}" for i in range(len(request.segments))] + ["query"]
+        ids: list[list[int] | None] = []
+        texts: list[tuple[int, str]] = []
+        for i, (seg, name) in enumerate(zip(parts, names)):
+            if seg.text and len(seg.token_ids):
+                raise _Abort(bad, f"{name} mixes text and token ids")
+            if not seg.text and not len(seg.token_ids):
+                raise _Abort(bad, f"{name} is empty")
+            if seg.text:
+                texts.append((i, seg.text))
+                ids.append(None)
+            else:
+                ids.append(list(seg.token_ids))
+        if texts:
+            if self.model.tokenizer is None:
+                raise _Abort(bad, "the model has no tokenizer: send token ids")
+            # A prompt's text can be at most ~max_prompt_tokens * a generous bytes-per-token.
+            chars = sum(len(t) for _, t in texts)
+            if chars > 64 * cfg.max_prompt_tokens:
+                raise _Abort(bad, f"prompt text of {chars} characters is over max_prompt_tokens")
+            t = time.perf_counter()
+            loop = asyncio.get_running_loop()
+            encoded = await loop.run_in_executor(self.executor, self.model.encode_batch,
+                                                 [t for _, t in texts])
+            req.tokenize_s = time.perf_counter() - t
+            m.STAGE.labels("tokenize").observe(req.tokenize_s)
+            for (i, _), e in zip(texts, encoded):
+                if not e:
+                    raise _Abort(bad, f"{names[i]} tokenizes to no tokens")
+                ids[i] = e
+        vocab = self.model.vocab_size
+        total = 0
+        for seq, name in zip(ids, names):
+            top = max(seq)
+            if top >= vocab:
+                raise _Abort(bad, f"{name}: token id {top} outside the vocabulary [0, {vocab})")
+            total += len(seq)
+        if total > cfg.max_prompt_tokens:
+            raise _Abort(bad, f"prompt of {total} tokens is over max_prompt_tokens "
+                              f"({cfg.max_prompt_tokens})")
+        req.segments = ids[:-1]  # type: ignore[assignment]
+        req.query = ids[-1]  # type: ignore[assignment]
+        req.prompt_tokens = total
+
+    def _md(self, req: _Request) -> list[tuple[str, str]]:
+        return [(REQUEST_ID_KEY, req.rid)]
+
+    async def _lookup(self, keys: list[str], req: _Request) -> dict[str, scpb.EntryInfo]:
+        """Which keys segcache holds; any failure or slowness means "all misses"."""
+        if self.segcache is None or not keys:
+            return {}
+        t = time.perf_counter()
+        # A slow segcache may not eat the request: at most half of what is left of the deadline.
+        budget = min(self.cfg.lookup_timeout_s, 0.5 * req.remaining())
+        found: dict[str, scpb.EntryInfo] = {}
+        try:
+            if budget <= 0:
+                raise asyncio.TimeoutError
+            step = 4096  # segcache's default max_lookup_keys
+            batches = [keys[i:i + step] for i in range(0, len(keys), step)]
+            results = await asyncio.wait_for(asyncio.gather(*(
+                self.segcache.lookup(b, request_id=req.rid, timeout=budget) for b in batches)),
+                budget)
+            for entries in results:
+                for e in entries:
+                    if e.tier != scpb.TIER_MISS:
+                        found[e.key] = e
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
+            m.LOOKUP_FAILURES.inc()
+            detail = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
+            log.warning("segcache lookup failed; serving every segment as a miss",
+                        error=detail, budget_s=round(budget, 3))
+            found = {}
+        req.lookup_s = time.perf_counter() - t
+        m.STAGE.labels("lookup").observe(req.lookup_s)
+        return found
+
+    async def _plan(self, request: pb.GenerateRequest, req: _Request) -> cpb.Plan:
+        cfg = self.cfg
+        mode = request.mode
+        cached_modes = mode in (pb.PREFILL_MODE_HYPIC, pb.PREFILL_MODE_NAIVE)
+        seam = 0 if mode == pb.PREFILL_MODE_NAIVE else cfg.seam
+        plan = cpb.Plan(
+            request_id=req.rid, query=req.query, seam=seam,
+            model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=mode,
+            max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
+            seed=request.seed, return_logits=request.return_logits,
+            stop_at_eos=request.stop_at_eos, scatter_addresses=self.scatter_addresses,
+            segcache_address=cfg.segcache_address if cached_modes else "",
+            store_entries=bool(cfg.segcache_address) and cached_modes)
+        if not cached_modes:
+            # full / prefix: combine prefills the tokens itself; no keys, no lookup.
+            for ids in req.segments:
+                plan.segments.add(token_ids=ids, source=cpb.SOURCE_LOCAL)
+            return plan
+        keys = [segment_key(self.model.fingerprint, seam, cfg.dtype, ids) for ids in req.segments]
+        found = await self._lookup(list(dict.fromkeys(keys)), req)
+        t = time.perf_counter()
+        jobs = []
+        for i, (key, ids) in enumerate(zip(keys, req.segments)):
+            e = found.get(key)
+            if e is not None:
+                req.planned_tiers[i] = tier_name(e.tier)
+            else:
+                jobs.append(Job(i, key, len(ids)))
+        req.planned_misses = len(jobs)
+        assigned: dict[int, Any] = {}
+        if jobs and self.scatter_addresses:
+            req.ticket = self.planner.assign(jobs)
+            assigned = {a.index: a for a in req.ticket.assignments}
+            self._publish_loads()
+        for i, (key, ids) in enumerate(zip(keys, req.segments)):
+            if i in req.planned_tiers:
+                plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SEGCACHE,
+                                  est_cost_s=found[key].recompute_cost_s)
+            elif i in assigned:
+                a = assigned[i]
+                plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SCATTER,
+                                  worker=a.worker, est_cost_s=a.est_s)
+            else:
+                plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_LOCAL,
+                                  est_cost_s=self.planner.cost.predict(len(ids)))
+        m.STAGE.labels("plan").observe(time.perf_counter() - t)
+        log.info("planned", segments=len(keys), hits=len(req.planned_tiers),
+                 misses=len(jobs), prompt_tokens=req.prompt_tokens, mode=req.mode_name,
+                 workers=[a.worker for a in (req.ticket.assignments if req.ticket else [])])
+        return plan
+
+    def _on_segment(self, plan: cpb.Plan, req: _Request, ready: cpb.SegmentReady) -> None:
+        i = ready.index
+        if i >= len(plan.segments):
+            log.warning("SegmentReady for an unknown index", index=i)
+            return
+        ps = plan.segments[i]
+        tier = _norm_tier(ready.tier) or req.planned_tiers.get(i, "")
+        req.ready[i] = (ready.source, tier)
+        m.SEGMENTS.labels(cpb.SegmentSource.Name(ready.source).removeprefix("SOURCE_").lower()
+                          if ready.source in cpb.SegmentSource.values() else "unknown").inc()
+        if req.ticket is not None and ps.key:
+            build_s = ready.build_s if ready.source == cpb.SOURCE_SCATTER else 0.0
+            if self.planner.complete(req.ticket, ps.key, tokens=ready.tokens or len(ps.token_ids),
+                                     build_s=build_s):
+                m.COST_OBS.inc()
+                self._publish_cost()
+            self._publish_loads()
+
+    def _timings(self, req: _Request, final: bool) -> pb.Timings:
+        t = pb.Timings()
+        t.CopyFrom(req.combine_timings)
+        t.tokenize_s = req.tokenize_s
+        t.lookup_s = req.lookup_s
+        t.ttft_s = req.ttft_s
+        t.total_s = time.perf_counter() - req.t0 if final else req.ttft_s
+        t.segments = len(req.segments)
+        t.prompt_tokens = req.prompt_tokens
+        t.ClearField("hits_by_tier")
+        if req.ready:
+            hits = [tier for src, tier in req.ready.values() if src == cpb.SOURCE_SEGCACHE]
+            t.hits = len(hits)
+            t.misses = len(req.ready) - len(hits)
+            tiers = hits
+        elif req.combine_timings.hits or req.combine_timings.misses:
+            tiers = []
+            t.hits_by_tier.update(req.combine_timings.hits_by_tier)
+        else:
+            tiers = list(req.planned_tiers.values())
+            t.hits = len(tiers)
+            t.misses = req.planned_misses
+        for tier in tiers:
+            key = tier or "unknown"
+            t.hits_by_tier[key] = t.hits_by_tier.get(key, 0) + 1
+        return t
+
+    async def _execute(self, plan: cpb.Plan, req: _Request) -> AsyncIterator[pb.GenerateEvent]:
+        md = self._md(req)
+        detok = self.model.detokenizer()
+        last_error = ""
+        for c in self.combines.order():
+            remaining = req.remaining()
+            if remaining <= 0:
+                raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before combine")
+            # Stop a little before the client's deadline so that an unreachable combine can be
+            # reported as UNAVAILABLE while the client still listens.
+            timeout = remaining - min(0.25, 0.1 * remaining)
+            call = c.stub.Execute(plan, timeout=timeout, metadata=md)
+            c.in_flight += 1
+            received = False
+            try:
+                async for ev in call:
+                    received = True
+                    kind = ev.WhichOneof("event")
+                    if kind == "segment":
+                        self._on_segment(plan, req, ev.segment)
+                    elif kind == "token":
+                        tok = pb.TokenEvent()
+                        tok.CopyFrom(ev.token)
+                        if detok is not None:
+                            tok.text = detok.push(tok.token_id)
+                        first = req.tokens_sent == 0
+                        if first:
+                            req.ttft_s = time.perf_counter() - req.t0
+                            m.TTFT.labels(req.mode_name).observe(req.ttft_s)
+                        req.tokens_sent += 1
+                        yield pb.GenerateEvent(request_id=req.rid, token=tok)
+                        if first:
+                            yield pb.GenerateEvent(request_id=req.rid,
+                                                   timings=self._timings(req, final=False))
+                    elif kind == "timings":
+                        req.combine_timings.CopyFrom(ev.timings)
+                final = self._timings(req, final=True)
+                log.info("done", combine=c.address, tokens=req.tokens_sent,
+                         ttft_s=round(req.ttft_s, 4), total_s=round(final.total_s, 4),
+                         hits=final.hits, misses=final.misses)
+                yield pb.GenerateEvent(request_id=req.rid, timings=final, done=True)
+                return
+            except grpc.aio.AioRpcError as e:
+                code = e.code()
+                unreachable = (code == grpc.StatusCode.UNAVAILABLE or
+                               (code == grpc.StatusCode.DEADLINE_EXCEEDED and not received
+                                and not c.connected()))
+                if unreachable and req.tokens_sent == 0:
+                    self.combines.failed(c)
+                    m.COMBINE_FAILOVERS.labels(c.address).inc()
+                    last_error = f"{c.address}: {code.name} {e.details() or ''}".strip()
+                    log.warning("combine unavailable; trying the next", combine=c.address,
+                                code=code.name, details=e.details())
+                    continue
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise _Abort(code, f"deadline exceeded (combine {c.address})") from None
+                raise _Abort(code, f"combine {c.address}: {e.details()}") from None
+            finally:
+                c.in_flight -= 1
+                call.cancel()
+        raise _Abort(grpc.StatusCode.UNAVAILABLE,
+                     f"no combine service available ({last_error or 'none configured'})")

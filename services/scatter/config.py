@@ -1,0 +1,76 @@
+"""ScatterConfig: every knob of a scatter worker.
+
+Flags are `--field-name`, environment variables `HYPIC_SCATTER_FIELD_NAME`; flag > env >
+default (common.rpc.config). Sizes accept suffixes: `--max-message-bytes 64MiB`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ENV_PREFIX = "HYPIC_SCATTER_"
+MiB = 1 << 20
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class ScatterConfig:
+    """A scatter worker: prefills one segment alone and builds its entry (DESIGN §3)."""
+
+    # --- model ---------------------------------------------------------------------------
+    model: Optional[Path] = field(default=None, metadata=_h("checkpoint directory (required)"))
+    dtype: str = field(default="float32", metadata=_h("float32 | bfloat16 | float16"))
+    device: str = field(default="cpu", metadata=_h("torch device of the model"))
+    threads: int = field(default=0, metadata=_h("torch intra-op threads; 0 = torch's default"))
+    build_workers: int = field(default=1, metadata=_h(
+        "builds that run at once (one model; more only helps on a GPU)"))
+    max_segment_tokens: int = field(default=131072, metadata=_h("longest segment accepted"))
+    warmup: bool = field(default=True, metadata=_h("run one small build before serving"))
+    # --- network -------------------------------------------------------------------------
+    host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
+    port: int = field(default=50071, metadata=_h("gRPC port; 0 = ephemeral"))
+    port_file: Optional[Path] = field(
+        default=None, metadata=_h("write {port, metrics_port, pid, worker} as JSON here once serving"))
+    worker: str = field(default="", metadata=_h("worker name in answers and logs; "
+                                                "empty = scatter@HOST:PORT"))
+    max_message_bytes: int = field(default=64 * MiB, metadata=_h("largest gRPC message, each way"))
+    chunk_bytes: int = field(default=1 * MiB, metadata=_h("Build stream chunk size (default)"))
+    grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    # --- segcache --------------------------------------------------------------------------
+    segcache_address: Optional[str] = field(default=None, metadata=_h(
+        "segcache host:port where built entries are stored (store=true); empty = never store"))
+    segcache_timeout_s: float = field(default=30.0, metadata=_h("timeout of one segcache Put"))
+    # --- observability -------------------------------------------------------------------
+    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
+    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
+    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
+    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
+
+    def __post_init__(self) -> None:
+        if self.model is None:
+            raise ValueError("--model (HYPIC_SCATTER_MODEL) is required")
+        self.model = Path(self.model)
+        if self.port_file is not None:
+            self.port_file = Path(self.port_file)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        if self.max_message_bytes < 64 * 1024:
+            raise ValueError("max_message_bytes must be at least 64 KiB")
+        if self.chunk_bytes <= 0:
+            raise ValueError("chunk_bytes must be > 0")
+        self.chunk_bytes = min(self.chunk_bytes, self.max_message_bytes - 4096)
+        if self.threads < 0 or self.build_workers < 1 or self.max_segment_tokens < 1:
+            raise ValueError("threads must be >= 0, build_workers and max_segment_tokens >= 1")
+        if not (self.segcache_timeout_s > 0 and math.isfinite(self.segcache_timeout_s)):
+            raise ValueError("segcache_timeout_s must be > 0")
+        if self.segcache_address is not None and not self.segcache_address.strip():
+            self.segcache_address = None

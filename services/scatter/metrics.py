@@ -1,0 +1,23 @@
+"""Prometheus metrics of a scatter worker.
+
+Per-RPC latency histograms and call counts come from common.rpc (hypic_rpc_latency_seconds,
+hypic_rpc_total, labelled service="scatter").
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from common.rpc.metrics import LATENCY_BUCKETS
+
+BUILD_SECONDS = Histogram("scatter_build_seconds", "Prefill + entry build time of one segment",
+                          buckets=LATENCY_BUCKETS)
+BUILD_WAIT_SECONDS = Histogram("scatter_build_queue_seconds",
+                               "Time a build waited for a free build worker", buckets=LATENCY_BUCKETS)
+BUILDS = Counter("scatter_builds", "Builds run (not counting joined ones)", ["result"])
+BUILD_TOKENS = Counter("scatter_build_tokens", "Tokens prefilled by builds")
+ENTRY_BYTES = Counter("scatter_entry_bytes", "Bytes of serialized entries built")
+SHARED = Counter("scatter_shared_builds", "Build calls that joined a build already in flight")
+STORES = Counter("scatter_stores", "segcache Puts of built entries", ["result"])
+IN_FLIGHT = Gauge("scatter_in_flight", "Builds running or queued")
+QUEUED_TOKENS = Gauge("scatter_queued_tokens", "Tokens of the builds running or queued")

@@ -1,0 +1,224 @@
+"""The hypic.v1.Scatter gRPC servicer: build one segment's entry, stream it back, store it.
+
+Single flight: concurrent Builds of one key share one build. The first call creates a flight (a
+task that runs the build on the build executor and then, when any caller asked for it, Puts the
+entry into segcache); later calls join it and answer with `shared=true`. The build runs to the end
+even when its first caller goes away while others wait or a store was asked for; a queued build
+whose every caller went away (and that nobody asked to store) is dropped before it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from common.pic.entry import dtype_name, segment_key
+from common.rpc.segcache_client import SegcacheClient, checksum
+from hypic.v1 import scatter_pb2 as pb
+from hypic.v1 import scatter_pb2_grpc as pb_grpc
+from services.scatter import metrics as m
+from services.scatter.config import ScatterConfig
+
+log = structlog.get_logger("scatter.servicer")
+
+SERVICE_NAME = "hypic.v1.Scatter"
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@dataclass
+class Built:
+    data: bytes
+    build_s: float
+    checksum: bytes
+
+
+@dataclass
+class Flight:
+    key: str
+    token_ids: list[int]
+    seam: int
+    request_id: str
+    store: bool
+    result: asyncio.Future  # -> Built
+    stored: asyncio.Future  # done once the store phase is over (stored, failed or skipped)
+    waiters: int = 0
+    created: float = field(default_factory=time.perf_counter)
+    task: asyncio.Task | None = None
+
+
+class ScatterServicer(pb_grpc.ScatterServicer):
+    def __init__(self, cfg: ScatterConfig, engine, executor: Executor,
+                 segcache: SegcacheClient | None, worker: str):
+        self.cfg = cfg
+        self.engine = engine
+        self.executor = executor
+        self.segcache = segcache
+        self.worker = worker
+        self.dtype = dtype_name(engine.dtype)
+        self.flights: dict[str, Flight] = {}  # key -> flight, until its store phase is over
+        self.pending: dict[str, Flight] = {}  # key -> flight whose build is queued or running
+
+    # ---- validation ---------------------------------------------------------------------
+    def _validate(self, req: pb.BuildRequest) -> list[int]:
+        if not req.token_ids:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "empty segment")
+        if len(req.token_ids) > self.cfg.max_segment_tokens:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"{len(req.token_ids)} tokens; at most {self.cfg.max_segment_tokens}")
+        try:
+            ids = self.engine.check_tokens(req.token_ids)
+        except ValueError as e:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        if req.model_fingerprint != self.engine.fingerprint:
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"model fingerprint {req.model_fingerprint[:12]!r} is not this worker's "
+                         f"({self.engine.fingerprint[:12]})")
+        if req.dtype != self.dtype:
+            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                         f"dtype {req.dtype!r} is not this worker's ({self.dtype})")
+        want = segment_key(self.engine.fingerprint, int(req.seam), self.dtype, ids)
+        if req.key != want:
+            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
+                         f"key {req.key[:16]!r} is not segment_key(...) of the request ({want[:16]})")
+        return ids
+
+    # ---- the flight ---------------------------------------------------------------------
+    def _build(self, fl: Flight) -> Built:
+        """On the build executor: prefill the segment alone, serialize its entry."""
+        m.BUILD_WAIT_SECONDS.observe(time.perf_counter() - fl.created)
+        t0 = time.perf_counter()
+        entry = self.engine.build_entry(fl.token_ids, fl.seam)
+        data = entry.to_bytes()
+        build_s = time.perf_counter() - t0
+        return Built(data, build_s, checksum(data))
+
+    def _gauges(self) -> None:
+        m.IN_FLIGHT.set(len(self.pending))
+        m.QUEUED_TOKENS.set(sum(len(f.token_ids) for f in self.pending.values()))
+
+    async def _run(self, fl: Flight) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            built = await loop.run_in_executor(self.executor, self._build, fl)
+        except asyncio.CancelledError:
+            m.BUILDS.labels("dropped").inc()
+            raise
+        except Exception as e:
+            m.BUILDS.labels("error").inc()
+            log.exception("build failed", key=fl.key, tokens=len(fl.token_ids))
+            fl.result.set_exception(_Abort(grpc.StatusCode.INTERNAL,
+                                           f"build failed: {type(e).__name__}: {e}"))
+            return
+        self._done_building(fl)
+        m.BUILDS.labels("ok").inc()
+        m.BUILD_SECONDS.observe(built.build_s)
+        m.BUILD_TOKENS.inc(len(fl.token_ids))
+        m.ENTRY_BYTES.inc(len(built.data))
+        fl.result.set_result(built)
+        log.info("built", key=fl.key, tokens=len(fl.token_ids), seam=fl.seam,
+                 bytes=len(built.data), build_s=round(built.build_s, 6))
+        if fl.store:  # decided here, atomically with the result (no await in between)
+            await self._store(fl, built)
+
+    def _done_building(self, fl: Flight) -> None:
+        if self.pending.get(fl.key) is fl:
+            del self.pending[fl.key]
+            self._gauges()
+
+    def _finish(self, fl: Flight, task: asyncio.Task) -> None:
+        """Done callback of a flight's task: runs however the task ended (even cancelled
+        before it started), so no flight is ever left behind."""
+        self._done_building(fl)
+        if self.flights.get(fl.key) is fl:
+            del self.flights[fl.key]
+        if not fl.result.done():
+            fl.result.set_exception(_Abort(grpc.StatusCode.CANCELLED, "build dropped"))
+        if not fl.stored.done():
+            fl.stored.set_result(False)
+        for f in (fl.result, task):  # mark exceptions retrieved: waiters may all be gone
+            if f.done() and not f.cancelled():
+                f.exception()
+
+    async def _store(self, fl: Flight, built: Built) -> None:
+        """Best effort: a segcache failure is logged, never fails the build."""
+        if self.segcache is None:
+            m.STORES.labels("no_segcache").inc()
+            log.debug("store asked but no segcache configured", key=fl.key)
+            return
+        try:
+            resp = await self.segcache.put(
+                fl.key, built.data, recompute_cost_s=built.build_s, token_count=len(fl.token_ids),
+                model_fingerprint=self.engine.fingerprint, request_id=fl.request_id or None,
+                timeout=self.cfg.segcache_timeout_s)
+            m.STORES.labels("created" if resp.created else "exists").inc()
+            log.info("stored", key=fl.key, created=resp.created)
+        except Exception as e:  # grpc errors, timeouts: the build itself succeeded
+            m.STORES.labels("error").inc()
+            log.warning("store failed", key=fl.key, error=f"{type(e).__name__}: {e}")
+
+    def _join(self, key: str, ids: list[int], seam: int, request_id: str, store: bool) -> tuple[Flight, bool]:
+        fl = self.flights.get(key)
+        if fl is not None:
+            fl.store = fl.store or store
+            m.SHARED.inc()
+            return fl, True
+        loop = asyncio.get_running_loop()
+        fl = Flight(key=key, token_ids=ids, seam=seam, request_id=request_id, store=store,
+                    result=loop.create_future(), stored=loop.create_future())
+        self.flights[key] = fl
+        self.pending[key] = fl
+        self._gauges()
+        fl.task = asyncio.create_task(self._run(fl), name=f"build-{key[:12]}")
+        fl.task.add_done_callback(lambda t, fl=fl: self._finish(fl, t))
+        return fl, False
+
+    def _leave(self, fl: Flight) -> None:
+        fl.waiters -= 1
+        if fl.waiters == 0 and not fl.result.done() and not fl.store and fl.task is not None:
+            fl.task.cancel()  # nobody wants it: drop it if it has not started yet
+
+    # ---- RPCs -----------------------------------------------------------------------------
+    async def Build(self, request: pb.BuildRequest, context):
+        try:
+            ids = self._validate(request)
+        except _Abort as e:
+            await context.abort(e.code, e.details)
+        rid = request.request_id or (structlog.contextvars.get_contextvars().get("request_id") or "")
+        fl, shared = self._join(request.key, ids, int(request.seam), rid, request.store)
+        fl.waiters += 1
+        try:
+            try:
+                built: Built = await asyncio.shield(fl.result)
+            except _Abort as e:
+                await context.abort(e.code, e.details)
+            limit = self.cfg.max_message_bytes - 4096
+            chunk = max(1, min(request.chunk_bytes or self.cfg.chunk_bytes, limit))
+            data = memoryview(built.data)
+            header = pb.BuildHeader(key=fl.key, size=len(data), build_s=built.build_s,
+                                    shared=shared, worker=self.worker, checksum=built.checksum)
+            yield pb.BuildResponse(header=header, data=bytes(data[:chunk]))
+            for off in range(chunk, len(data), chunk):
+                yield pb.BuildResponse(data=bytes(data[off:off + chunk]))
+            if request.store:
+                # End the stream once the entry is in segcache (or the store failed), so that a
+                # caller who saw the stream end can rely on the next lookup.
+                await asyncio.shield(fl.stored)
+        finally:
+            self._leave(fl)
+
+    async def Load(self, request: pb.LoadRequest, context) -> pb.LoadResponse:
+        return pb.LoadResponse(
+            in_flight=len(self.pending),
+            queued_tokens=float(sum(len(f.token_ids) for f in self.pending.values())),
+            worker=self.worker, model_fingerprint=self.engine.fingerprint)

@@ -1,0 +1,107 @@
+"""SegcacheConfig: every knob of the segcache service.
+
+Flags are `--field-name`, environment variables `HYPIC_SEGCACHE_FIELD_NAME`; flag > env >
+default (common.rpc.config). Sizes accept suffixes: `--host-bytes 8GiB`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ENV_PREFIX = "HYPIC_SEGCACHE_"
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class SegcacheConfig:
+    """The tiered segment cache (tier 0 device, tier 1 host DRAM, tier 2 LMDB)."""
+
+    # --- network -------------------------------------------------------------------------
+    host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
+    port: int = field(default=50061, metadata=_h("gRPC port; 0 = ephemeral"))
+    port_file: Optional[Path] = field(
+        default=None, metadata=_h("write {port, metrics_port, pid} as JSON here once serving"))
+    max_message_bytes: int = field(default=8 * MiB, metadata=_h("largest gRPC message, each way"))
+    chunk_bytes: int = field(default=1 * MiB, metadata=_h("Get stream chunk size"))
+    max_key_bytes: int = field(default=256, metadata=_h("longest key (UTF-8 bytes)"))
+    max_lookup_keys: int = field(default=4096, metadata=_h("most keys in one Lookup/Delete/Pin"))
+    grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    io_threads: int = field(default=4, metadata=_h("threads for LMDB and copies"))
+    # --- tiers ---------------------------------------------------------------------------
+    data_dir: Path = field(default=Path("segcache-data"), metadata=_h("LMDB directory"))
+    device_bytes: int = field(default=0, metadata=_h("tier 0 budget (GPU memory); 0 = off; "
+                                                      "used only when CUDA is available"))
+    device_index: int = field(default=0, metadata=_h("CUDA device of tier 0"))
+    host_bytes: int = field(default=4 * GiB, metadata=_h("tier 1 budget (host DRAM); 0 = off"))
+    disk_bytes: int = field(default=64 * GiB, metadata=_h("tier 2 budget (LMDB values)"))
+    max_entry_bytes: int = field(default=0, metadata=_h("largest entry; 0 = the smallest "
+                                                         "enabled host/disk budget"))
+    policy: str = field(default="gdsf", metadata=_h("eviction policy: gdsf | lru"))
+    # --- persistence -----------------------------------------------------------------------
+    write_through: bool = field(default=True, metadata=_h(
+        "acknowledge a Put only once it is committed to LMDB; --no-write-through acknowledges "
+        "from memory and writes LMDB behind (an acknowledged entry can then be lost on a crash)"))
+    lmdb_sync: bool = field(default=True, metadata=_h("fsync each LMDB commit (power-loss "
+                                                      "safety; a process crash is safe either way)"))
+    lmdb_map_bytes: int = field(default=0, metadata=_h("LMDB map size; 0 = derived from disk_bytes"))
+    # --- NIXL ----------------------------------------------------------------------------
+    nixl: bool = field(default=True, metadata=_h("offer the NIXL path when nixl imports"))
+    nixl_backend: str = field(default="UCX", metadata=_h("NIXL backend"))
+    lease_ttl_s: float = field(default=30.0, metadata=_h("a NIXL lease ends by itself after this"))
+    # --- observability -------------------------------------------------------------------
+    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
+    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
+    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
+    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        if self.port_file is not None:
+            self.port_file = Path(self.port_file)
+        self.policy = self.policy.lower()
+        if self.policy not in ("gdsf", "lru"):
+            raise ValueError(f"policy must be gdsf or lru, not {self.policy!r}")
+        for name in ("device_bytes", "host_bytes", "disk_bytes", "max_entry_bytes", "lmdb_map_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.disk_bytes <= 0:
+            raise ValueError("disk_bytes must be > 0 (LMDB is the persistent tier)")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        if self.max_message_bytes < 64 * 1024:
+            raise ValueError("max_message_bytes must be at least 64 KiB")
+        if self.chunk_bytes <= 0:
+            raise ValueError("chunk_bytes must be > 0")
+        # A chunk plus protobuf framing must fit in one message.
+        self.chunk_bytes = min(self.chunk_bytes, self.max_message_bytes - 4096)
+        if not 1 <= self.max_key_bytes <= 511:  # LMDB's key limit is 511 bytes
+            raise ValueError("max_key_bytes must be in 1..511")
+        if self.io_threads < 1:
+            raise ValueError("io_threads must be >= 1")
+        if not (self.lease_ttl_s > 0 and math.isfinite(self.lease_ttl_s)):
+            raise ValueError("lease_ttl_s must be > 0")
+
+    @property
+    def entry_limit(self) -> int:
+        """The largest entry accepted: it must fit the disk tier and, when on, the host tier."""
+        limits = [self.disk_bytes]
+        if self.host_bytes > 0:
+            limits.append(self.host_bytes)
+        if self.max_entry_bytes > 0:
+            limits.append(self.max_entry_bytes)
+        return min(limits)
+
+    @property
+    def map_size(self) -> int:
+        """LMDB map size: room for the budget plus page rounding, metadata and free pages."""
+        if self.lmdb_map_bytes:
+            return self.lmdb_map_bytes
+        return max(2 * self.disk_bytes, self.disk_bytes + 256 * MiB)

@@ -1,0 +1,47 @@
+"""Prometheus view of the store, read at scrape time (no double bookkeeping).
+
+Per-RPC latency histograms and call counts come from common.rpc (hypic_rpc_latency_seconds,
+hypic_rpc_total, labelled service="segcache").
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from services.segcache.store import SegmentStore
+
+
+class StoreCollector(Collector):
+    def __init__(self, store: SegmentStore, leases_active: Callable[[], int] = lambda: 0):
+        self.store = store
+        self.leases_active = leases_active
+
+    def collect(self) -> Iterator:
+        s = self.store.stats()
+        fams = {
+            "hits": CounterMetricFamily("segcache_hits", "Reads answered by a tier", labels=["tier"]),
+            "misses": CounterMetricFamily("segcache_misses", "Reads a tier could not answer", labels=["tier"]),
+            "evictions": CounterMetricFamily("segcache_evictions", "Entries evicted from a tier", labels=["tier"]),
+            "promotions": CounterMetricFamily("segcache_promotions", "Entries promoted into a tier", labels=["tier"]),
+            "bytes": GaugeMetricFamily("segcache_bytes", "Bytes held by a tier", labels=["tier"]),
+            "peak_bytes": GaugeMetricFamily("segcache_peak_bytes", "High-water mark of a tier's bytes", labels=["tier"]),
+            "budget_bytes": GaugeMetricFamily("segcache_budget_bytes", "A tier's byte budget (0: off)", labels=["tier"]),
+            "entries": GaugeMetricFamily("segcache_entries", "Entries held by a tier", labels=["tier"]),
+        }
+        for t in s["tiers"]:
+            for name, fam in fams.items():
+                fam.add_metric([t["name"]], t[name])
+        yield from fams.values()
+        lk = CounterMetricFamily("segcache_lookups", "Lookup answers by tier", labels=["tier"])
+        for tier, n in s["lookup_hits"].items():
+            lk.add_metric([tier], n)
+        lk.add_metric(["miss"], s["lookup_misses"])
+        yield lk
+        yield CounterMetricFamily("segcache_corrupt_dropped", "Entries dropped on a failed checksum",
+                                  value=s["corrupt_dropped"])
+        yield GaugeMetricFamily("segcache_leases_active", "Open NIXL leases", value=self.leases_active())
+        yield GaugeMetricFamily("segcache_pending_writes", "Write-behind entries not yet in LMDB",
+                                value=s["pending_writes"])

@@ -1,0 +1,22 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "tests"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture
+def fresh_seed(request) -> int:
+    """A seed that differs per test and per run (printed so a failure can be replayed), unless
+    HYPIC_TEST_SEED pins it."""
+    seed = int(os.environ.get("HYPIC_TEST_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
+    print(f"[seed] {request.node.nodeid}: HYPIC_TEST_SEED={seed}")
+    return seed

@@ -1,0 +1,457 @@
+"""scatter + combine as real server processes on 127.0.0.1 (ephemeral ports), with a real
+segcache, on a tiny random qwen3_5_text checkpoint.
+
+One mesh per module (segcache, one scatter worker storing into it, one combine worker); the
+reference answers come from HybridEngine.prefill_segments in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.engine import HybridEngine
+from common.pic import SegmentEntry, segment_key
+from common.rpc.nixl_util import load_nixl
+from common.rpc.segcache_client import SegcacheClient, checksum
+from hypic.v1 import combine_pb2 as cpb
+from hypic.v1 import combine_pb2_grpc as cpb_grpc
+from hypic.v1 import router_pb2 as rpb
+from hypic.v1 import scatter_pb2 as spb
+from hypic.v1 import scatter_pb2_grpc as spb_grpc
+from tiny import PIC_CONFIGS, save_tiny
+
+REPO = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 120
+RPC_TIMEOUT_S = 60
+SEAM = 8
+N_TOKENS = 8
+TOL = 1e-4
+
+pytestmark = pytest.mark.timeout(240)
+
+
+# ---- processes ----------------------------------------------------------------------------------
+class Service:
+    """`python -m services.<name>` on an ephemeral port; always killed by the fixture."""
+
+    def __init__(self, name: str, module: str, args: list[str], tmp: Path):
+        self.name = name
+        self.port_file = tmp / f"{name}.port.json"
+        self.log_path = tmp / f"{name}.log"
+        self.port_file.unlink(missing_ok=True)
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        cmd = [sys.executable, "-m", module, "--port", "0", "--port-file", str(self.port_file), *args]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
+        self.info: dict = {}
+
+    def wait(self) -> "Service":
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.port_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} did not start:\n{self.log()}")
+            time.sleep(0.05)
+        self.info = json.loads(self.port_file.read_text())
+        return self
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.info['port']}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+class Mesh:
+    def __init__(self, tmp: Path, model: Path):
+        self.tmp = tmp
+        self.model = model
+        self.services: list[Service] = []
+        # A port that refuses connections for the whole module: bound, never listening.
+        self._dead = socket.socket()
+        self._dead.bind(("127.0.0.1", 0))
+        self.dead = f"127.0.0.1:{self._dead.getsockname()[1]}"
+
+    def start(self, name: str, module: str, *args: str) -> Service:
+        s = Service(name, module, list(args), self.tmp)
+        self.services.append(s)
+        return s
+
+    def close(self) -> None:
+        for s in self.services:
+            s.kill()
+        self._dead.close()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return save_tiny("qwen3_5_text", tmp_path_factory.mktemp("model"), seed=5,
+                     **PIC_CONFIGS["qwen3_5_text"])
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory, model_dir):
+    tmp = tmp_path_factory.mktemp("mesh")
+    m = Mesh(tmp, model_dir)
+    try:
+        m.segcache = m.start("segcache", "services.segcache", "--data-dir", str(tmp / "segcache-data"),
+                             "--host-bytes", "64MiB", "--disk-bytes", "256MiB", "--no-lmdb-sync",
+                             "--log-level", "debug").wait()
+        # scatter and combine load the model at the same time
+        m.scatter = m.start("scatter", "services.scatter", "--model", str(model_dir), "--threads", "1",
+                            "--segcache-address", m.segcache.target)
+        # combine: the default segcache (plans may leave it out), NIXL for every size of hit
+        m.combine = m.start("combine", "services.combine", "--model", str(model_dir), "--threads", "1",
+                            "--metrics-port", "0", "--segcache-address", m.segcache.target,
+                            "--nixl-min-bytes", "0")
+        m.scatter.wait()
+        m.combine.wait()
+        yield m
+    finally:
+        m.close()
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir) -> HybridEngine:
+    # One thread: on 2 shared cores next to three servers, more threads only spin and wait.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield HybridEngine.from_pretrained(model_dir)
+    torch.set_num_threads(threads)
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def arun(coro, timeout: float = 120):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def prompt(seed: int, lengths, qlen: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    segs = [torch.randint(0, 512, (n,), generator=g).tolist() for n in lengths]
+    return segs, torch.randint(0, 512, (qlen,), generator=g).tolist()
+
+
+def build_request(engine, ids, seam=SEAM, **kw) -> spb.BuildRequest:
+    return spb.BuildRequest(key=segment_key(engine.fingerprint, seam, "float32", ids), token_ids=ids,
+                            seam=seam, model_fingerprint=engine.fingerprint, dtype="float32", **kw)
+
+
+async def build(target: str, req: spb.BuildRequest) -> tuple[spb.BuildHeader, bytes]:
+    async with grpc.aio.insecure_channel(target) as ch:
+        header, data = None, bytearray()
+        async for msg in spb_grpc.ScatterStub(ch).Build(req, timeout=RPC_TIMEOUT_S):
+            if msg.HasField("header"):
+                header = msg.header
+            data += msg.data
+        return header, bytes(data)
+
+
+def make_plan(engine, mesh, segs, query, source, *, mode=rpb.PREFILL_MODE_HYPIC, seam=SEAM,
+              workers=None, scatter=None, segcache=None, **kw) -> cpb.Plan:
+    key_seam = 0 if mode == rpb.PREFILL_MODE_NAIVE else seam
+    planned = [cpb.PlannedSegment(key=segment_key(engine.fingerprint, key_seam, "float32", s), token_ids=s,
+                                  source=source, worker=(workers[i] if workers else 0))
+               for i, s in enumerate(segs)]
+    args = dict(segments=planned, query=query, seam=seam, model_fingerprint=engine.fingerprint,
+                dtype="float32", mode=mode, max_tokens=N_TOKENS, return_logits=True,
+                scatter_addresses=[mesh.scatter.target] if scatter is None else scatter,
+                segcache_address=mesh.segcache.target if segcache is None else segcache,
+                store_entries=True)
+    args.update(kw)
+    return cpb.Plan(**args)
+
+
+class Answer:
+    def __init__(self, events, client_ttft_s: float):
+        self.segments = [e.segment for e in events if e.HasField("segment")]
+        self.tokens = [e.token for e in events if e.HasField("token")]
+        self.timings = [e.timings for e in events if e.HasField("timings")]
+        self.client_ttft_s = client_ttft_s
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token_id for t in self.tokens]
+
+    @property
+    def logits(self) -> torch.Tensor:
+        return torch.tensor(list(self.tokens[0].logits))
+
+    def sources(self) -> list[int]:
+        return [s.source for s in sorted(self.segments, key=lambda s: s.index)]
+
+
+async def execute(target: str, plan: cpb.Plan, metadata=None, timeout: float = RPC_TIMEOUT_S) -> Answer:
+    async with grpc.aio.insecure_channel(target) as ch:
+        t0 = time.perf_counter()
+        events, ttft = [], None
+        async for ev in cpb_grpc.CombineStub(ch).Execute(plan, timeout=timeout, metadata=metadata):
+            if ev.HasField("token") and ttft is None:
+                ttft = time.perf_counter() - t0
+            events.append(ev)
+        return Answer(events, ttft)
+
+
+def reference(engine, segs, query, mode="hypic", seam=SEAM):
+    out = engine.prefill_segments(segs, query, mode=mode, seam=seam)
+    return out.logits, engine.generate(out, max_new_tokens=N_TOKENS)
+
+
+def assert_matches(ans: Answer, ref_logits, ref_tokens, n_segments: int) -> None:
+    assert len(ans.segments) == n_segments
+    assert sorted(s.index for s in ans.segments) == list(range(n_segments))
+    assert len(ans.timings) == 1
+    assert [t.index for t in ans.tokens] == list(range(N_TOKENS))
+    assert list(ans.tokens[0].logits) and not any(t.logits for t in ans.tokens[1:])
+    err = float((ans.logits - ref_logits).abs().max())
+    assert err < TOL, err
+    assert ans.token_ids == ref_tokens
+
+
+async def health(target: str, service: str) -> int:
+    async with grpc.aio.insecure_channel(target) as ch:
+        r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
+                                                       timeout=10)
+        return r.status
+
+
+# ---- scatter ------------------------------------------------------------------------------------
+def test_scatter_build_is_byte_identical_to_in_process(mesh, engine):
+    segs, _ = prompt(1, (45,))
+    header, data = arun(build(mesh.scatter.target, build_request(engine, segs[0], chunk_bytes=4096)))
+    expected = engine.build_entry(segs[0], SEAM).to_bytes()
+    assert data == expected
+    assert header.size == len(data) and header.checksum == checksum(data)
+    assert header.key == segment_key(engine.fingerprint, SEAM, "float32", segs[0])
+    assert not header.shared and header.worker.startswith("scatter@") and header.build_s > 0
+    entry = SegmentEntry.from_bytes(data)
+    assert entry.token_ids == segs[0] and entry.seam == SEAM and entry.model_fingerprint == engine.fingerprint
+
+
+def test_scatter_single_flight_and_store(mesh, engine):
+    (blocker, seg), _ = prompt(2, (3000, 64))
+
+    async def run():
+        async with grpc.aio.insecure_channel(mesh.scatter.target) as ch:
+            stub = spb_grpc.ScatterStub(ch)
+            # The blocker keeps the (single) build worker busy, so the two calls for `seg`
+            # are surely in flight together.
+            first = asyncio.create_task(build(mesh.scatter.target, build_request(engine, blocker)))
+            while (await stub.Load(spb.LoadRequest(), timeout=10)).in_flight < 1:
+                await asyncio.sleep(0.005)
+            req = build_request(engine, seg, store=True, request_id="rid-single-flight")
+            (h1, d1), (h2, d2) = await asyncio.gather(build(mesh.scatter.target, req),
+                                                      build(mesh.scatter.target, req))
+            await first
+            load = await stub.Load(spb.LoadRequest(), timeout=10)
+        async with SegcacheClient(mesh.segcache.target) as sc:
+            stored = await sc.get(req.key)
+        return h1, d1, h2, d2, load, stored
+
+    h1, d1, h2, d2, load, stored = arun(run())
+    assert sorted([h1.shared, h2.shared]) == [False, True]
+    assert d1 == d2 and h1.build_s == h2.build_s
+    assert load.in_flight == 0 and load.queued_tokens == 0 and load.model_fingerprint == engine.fingerprint
+    assert stored is not None and bytes(stored) == d1  # stored once the stream ended
+    builds = [json.loads(line) for line in mesh.scatter.log().splitlines()
+              if line.startswith("{") and '"built"' in line and req_key_in(line, h1.key)]
+    assert len(builds) == 1, builds
+
+
+def req_key_in(line: str, key: str) -> bool:
+    return f'"key": "{key}"' in line
+
+
+# ---- combine ------------------------------------------------------------------------------------
+def test_combine_cold_then_warm_matches_in_process(mesh, engine):
+    segs, query = prompt(3, (40, 57, 33))
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER)
+    cold = arun(execute(mesh.combine.target, plan, metadata=[("x-request-id", "rid-cold-mesh")]))
+    assert_matches(cold, ref_logits, ref_tokens, len(segs))
+    assert cold.sources() == [cpb.SOURCE_SCATTER] * 3
+    assert all(s.worker.startswith("scatter@") and s.build_s > 0 for s in cold.segments)
+    t = cold.timings[0]
+    assert t.misses == 3 and t.hits == 0 and t.prompt_tokens == 135 and t.ttft_s > 0
+    assert t.compose_s > 0 and t.seams_s > 0 and t.query_prefill_s > 0 and t.scatter_s > 0
+    # the request id travelled combine -> scatter (metadata and BuildRequest)
+    assert '"request_id": "rid-cold-mesh"' in mesh.scatter.log()
+
+    warm_plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE, segcache="")  # combine's default
+    warm = arun(execute(mesh.combine.target, warm_plan))
+    assert_matches(warm, ref_logits, ref_tokens, len(segs))
+    assert warm.sources() == [cpb.SOURCE_SEGCACHE] * 3
+    w = warm.timings[0]
+    assert w.hits == 3 and w.misses == 0
+    assert all(s.tier == "host" for s in warm.segments), warm.segments
+    assert dict(w.hits_by_tier) == {"host": 3}
+    if load_nixl()[0] is not None:
+        assert all(s.via_nixl for s in warm.segments)
+    print(f"\n[ttft] cold (3 misses via scatter): server {t.ttft_s * 1e3:.1f} ms, "
+          f"client {cold.client_ttft_s * 1e3:.1f} ms | warm (3 hits, nixl={warm.segments[0].via_nixl}): "
+          f"server {w.ttft_s * 1e3:.1f} ms, client {warm.client_ttft_s * 1e3:.1f} ms")
+
+    # metrics: stage histograms and segments by source
+    body = urllib.request.urlopen(f"http://127.0.0.1:{mesh.combine.info['metrics_port']}/metrics",
+                                  timeout=10).read().decode()
+    assert 'combine_stage_seconds_bucket{le="0.001",stage="compose"}' in body
+    assert 'combine_segments_total{source="scatter",via="grpc"} 3.0' in body
+    assert 'combine_segments_total{source="segcache"' in body
+
+
+def test_combine_baseline_modes(mesh, engine):
+    segs, query = prompt(4, (30, 21))
+    for mode, name in ((rpb.PREFILL_MODE_FULL, "full"), (rpb.PREFILL_MODE_PREFIX, "prefix"),
+                       (rpb.PREFILL_MODE_NAIVE, "naive")):
+        ref_logits, ref_tokens = reference(engine, segs, query, mode=name)
+        ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER,
+                                                          mode=mode)))
+        # full and prefix recompute on the combine worker: no segment events
+        assert_matches(ans, ref_logits, ref_tokens, len(segs) if name == "naive" else 0)
+
+
+def test_combine_falls_back_from_a_dead_scatter(mesh, engine):
+    segs, query = prompt(5, (26, 35))
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    # worker 0 is dead: the next address builds them
+    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER, scatter=[mesh.dead, mesh.scatter.target],
+                     workers=[0, 0])
+    ans = arun(execute(mesh.combine.target, plan))
+    assert_matches(ans, ref_logits, ref_tokens, len(segs))
+    assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
+    assert all(s.worker.startswith("scatter@") for s in ans.segments)
+    # the only scatter address is dead and so is segcache: built on the combine worker
+    segs, query = prompt(6, (19, 44))
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER, scatter=[mesh.dead], segcache=mesh.dead)
+    ans = arun(execute(mesh.combine.target, plan))
+    assert_matches(ans, ref_logits, ref_tokens, len(segs))
+    assert ans.sources() == [cpb.SOURCE_LOCAL] * 2
+
+
+def test_combine_falls_back_when_segcache_fails(mesh, engine):
+    # unreachable segcache: the misses go to scatter
+    segs, query = prompt(7, (31, 28))
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE, segcache=mesh.dead)
+    ans = arun(execute(mesh.combine.target, plan))
+    assert_matches(ans, ref_logits, ref_tokens, len(segs))
+    assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
+    # corrupt bytes and a valid entry of other tokens under the planned keys: both rebuilt
+    segs, query = prompt(8, (22, 37))
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    keys = [segment_key(engine.fingerprint, SEAM, "float32", s) for s in segs]
+    other = engine.build_entry(segs[0][:10], SEAM).to_bytes()
+    bad = bytearray(engine.build_entry(segs[0], SEAM).to_bytes())
+    bad[-5] ^= 0xFF
+
+    async def put():
+        async with SegcacheClient(mesh.segcache.target) as sc:
+            await sc.put(keys[0], bytes(bad))
+            await sc.put(keys[1], other)
+    arun(put())
+    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE, store_entries=False)
+    ans = arun(execute(mesh.combine.target, plan))
+    assert_matches(ans, ref_logits, ref_tokens, len(segs))
+    assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
+
+
+def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
+    segs, query = prompt(9, (20, 20))
+
+    def plan(**kw):
+        p = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER)
+        for name, value in kw.items():
+            if isinstance(value, list):
+                p.ClearField(name)
+                getattr(p, name).extend(value)
+            else:
+                setattr(p, name, value)
+        return p
+
+    bad_seg = cpb.PlannedSegment(token_ids=[1, 2, 512], source=cpb.SOURCE_SCATTER)
+    cases = {
+        "no segments": (plan(segments=[]), grpc.StatusCode.INVALID_ARGUMENT),
+        "empty query": (plan(query=[]), grpc.StatusCode.INVALID_ARGUMENT),
+        "token >= vocab": (plan(segments=[bad_seg]), grpc.StatusCode.INVALID_ARGUMENT),
+        "query token >= vocab": (plan(query=[3, 9999]), grpc.StatusCode.INVALID_ARGUMENT),
+        "max_tokens 0": (plan(max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT),
+        "unknown worker": (make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER, workers=[0, 3]),
+                           grpc.StatusCode.INVALID_ARGUMENT),
+        "wrong key": (plan(segments=[cpb.PlannedSegment(key="ab" * 20, token_ids=segs[0])]),
+                      grpc.StatusCode.INVALID_ARGUMENT),
+        "fingerprint": (plan(model_fingerprint="0" * 32), grpc.StatusCode.FAILED_PRECONDITION),
+        "dtype": (plan(dtype="bfloat16"), grpc.StatusCode.FAILED_PRECONDITION),
+    }
+
+    async def code_of(coro):
+        try:
+            await coro
+        except grpc.aio.AioRpcError as e:
+            return e.code()
+        return grpc.StatusCode.OK
+
+    async def run():
+        got = {name: await code_of(execute(mesh.combine.target, p)) for name, (p, _) in cases.items()}
+        ids = segs[0]
+        bad_builds = {
+            "scatter key": (spb.BuildRequest(key="00" * 20, token_ids=ids, seam=SEAM,
+                                             model_fingerprint=engine.fingerprint, dtype="float32"),
+                            grpc.StatusCode.INVALID_ARGUMENT),
+            "scatter vocab": (build_request(engine, [1, 600]), grpc.StatusCode.INVALID_ARGUMENT),
+            "scatter empty": (build_request(engine, []), grpc.StatusCode.INVALID_ARGUMENT),
+            "scatter fingerprint": (spb.BuildRequest(key=segment_key("f" * 32, SEAM, "float32", ids),
+                                                     token_ids=ids, seam=SEAM, model_fingerprint="f" * 32,
+                                                     dtype="float32"), grpc.StatusCode.FAILED_PRECONDITION),
+        }
+        for name, (req, want) in bad_builds.items():
+            got[name] = await code_of(build(mesh.scatter.target, req))
+            cases[name] = (req, want)
+        # a cancelled request leaves nothing running behind
+        big, _ = prompt(10, (2500, 2500))
+        async with grpc.aio.insecure_channel(mesh.combine.target) as ch:
+            stub = cpb_grpc.CombineStub(ch)
+            call = stub.Execute(make_plan(engine, mesh, big, query, cpb.SOURCE_LOCAL), timeout=60)
+            await asyncio.sleep(0.3)
+            call.cancel()
+            for _ in range(400):
+                info = await stub.Info(cpb.CombineInfoRequest(), timeout=10)
+                if info.in_flight == 0:
+                    break
+                await asyncio.sleep(0.05)
+        # still serving, and still right
+        statuses = [await health(mesh.combine.target, "hypic.v1.Combine"),
+                    await health(mesh.scatter.target, "hypic.v1.Scatter")]
+        ok = await execute(mesh.combine.target, plan())
+        return got, info, statuses, ok
+
+    got, info, statuses, ok = arun(run())
+    assert got == {name: want for name, (_, want) in cases.items()}
+    assert info.in_flight == 0 and info.model_fingerprint == engine.fingerprint and info.dtype == "float32"
+    assert info.model_type == "qwen3_5_text"
+    assert statuses == [health_pb2.HealthCheckResponse.SERVING] * 2
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    assert_matches(ok, ref_logits, ref_tokens, len(segs))
+    assert mesh.combine.alive() and mesh.scatter.alive() and mesh.segcache.alive()
