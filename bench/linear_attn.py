@@ -2,7 +2,9 @@
 
     python -m bench.linear_attn [--T 2048] [--reps 3] [--json bench/results/linear_attn.json]
 
-Compared, for the same shapes and inputs (fp32, B = 1):
+Compared, for the same shapes and inputs (fp32, B = 1): "engine" is our family wrapper (the same path
+``linear_attention`` takes: chunk 32 for the delta families on CPU, 64 otherwise), "chunk64" our
+``chunk_linear_attn`` at chunk size 64 (transformers' chunk size), "theirs" the transformers function:
 * Gated DeltaNet: ours ``chunk_gated_deltanet`` vs transformers' ``torch_chunk_gated_delta_rule``
   (qwen3_5);
 * KDA: ours ``chunk_kda`` vs kimi_linear's ``chunk_kimi_delta_attention`` torch fallback, with a
@@ -22,25 +24,32 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels.linear_attn.chunk import chunk_gated_deltanet, chunk_kda, chunk_mamba2
+from kernels.linear_attn.chunk import chunk_gated_deltanet, chunk_kda, chunk_linear_attn, chunk_mamba2
 
 
 CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
 _clock = time.process_time
 
 
-def _time_pair(ours, theirs, reps: int) -> tuple[float, float]:
-    """Best of ``reps`` interleaved runs of each."""
-    ours(), theirs()
-    a, b = [], []
+def _time_all(fns: dict, reps: int) -> dict:
+    """Best of ``reps`` interleaved runs of each callable."""
+    for f in fns.values():
+        f()
+    best = {k: float("inf") for k in fns}
     for _ in range(reps):
-        t0 = _clock()
-        ours()
-        a.append(_clock() - t0)
-        t0 = _clock()
-        theirs()
-        b.append(_clock() - t0)
-    return min(a), min(b)
+        for k, f in fns.items():
+            t0 = _clock()
+            f()
+            best[k] = min(best[k], _clock() - t0)
+    return best
+
+
+def _run(engine, ours64, theirs, reps, S_theirs_T=False):
+    (o1, s1), (o2, s2) = engine(), theirs()
+    if S_theirs_T:
+        s2 = s2.transpose(-1, -2)
+    t = _time_all({"engine": engine, "ours64": ours64, "theirs": theirs}, reps)
+    return t, max(_rel(o1, o2), _rel(s1, s2))
 
 
 def _rel(a, b) -> float:
@@ -56,10 +65,10 @@ def bench_gdn(T, H, K, V, reps):
     v = torch.randn(1, T, H, V, generator=g)
     gate = F.logsigmoid(torch.randn(1, T, H, generator=g) + 3.0)
     beta = torch.rand(1, T, H, generator=g)
-    ours = lambda: chunk_gated_deltanet(q, k, v, gate, beta)
+    engine = lambda: chunk_gated_deltanet(q, k, v, gate, beta)  # == linear_attention("gated_deltanet", ...)
+    ours64 = lambda: chunk_linear_attn(q, k, v, gate, beta, delta=True, chunk_size=64)
     theirs = lambda: torch_chunk_gated_delta_rule(q, k, v, gate, beta, output_final_state=True)
-    (o1, s1), (o2, s2) = ours(), theirs()
-    return (*_time_pair(ours, theirs, reps), max(_rel(o1, o2), _rel(s1, s2)))
+    return _run(engine, ours64, theirs, reps)
 
 
 def bench_kda(T, H, K, V, reps, strong=False):
@@ -75,10 +84,10 @@ def bench_kda(T, H, K, V, reps, strong=False):
     else:
         gate = F.logsigmoid(torch.randn(1, T, H, K, generator=g) + 4.0)
     beta = torch.rand(1, T, H, generator=g)
-    ours = lambda: chunk_kda(q, k, v, gate, beta)
+    engine = lambda: chunk_kda(q, k, v, gate, beta)  # == linear_attention("kda", ...)
+    ours64 = lambda: chunk_linear_attn(q, k, v, gate, beta, delta=True, chunk_size=64)
     theirs = lambda: chunk_kimi_delta_attention(q, k, v, gate, beta, output_final_state=True)
-    (o1, s1), (o2, s2) = ours(), theirs()
-    return (*_time_pair(ours, theirs, reps), max(_rel(o1, o2), _rel(s1, s2)))
+    return _run(engine, ours64, theirs, reps)
 
 
 def bench_mamba2(T, H, N, P, reps):
@@ -91,14 +100,16 @@ def bench_mamba2(T, H, N, P, reps):
     Bm = torch.randn(1, T, 1, N, generator=g)
     Cm = torch.randn(1, T, 1, N, generator=g)
 
-    def ours():
-        return chunk_mamba2(Cm, Bm, x * dt[..., None], dt * A, scale=1.0)
+    def engine():
+        return chunk_mamba2(Cm, Bm, x * dt[..., None], dt * A)  # == linear_attention("mamba2", ...)
+
+    def ours64():
+        return chunk_linear_attn(Cm, Bm, x * dt[..., None], dt * A, scale=1.0, chunk_size=64)
 
     def theirs():
         return mamba2_chunk_scan(x, dt, A, Bm, Cm, chunk_size=64, return_final_states=True)
 
-    (o1, s1), (o2, s2) = ours(), theirs()
-    return (*_time_pair(ours, theirs, reps), max(_rel(o1, o2), _rel(s1, s2.transpose(-1, -2))))
+    return _run(engine, ours64, theirs, reps, S_theirs_T=True)
 
 
 def main(argv=None):
@@ -119,7 +130,8 @@ def main(argv=None):
     rows = []
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {a.clock} clock, T={a.T}, B=1, fp32, "
           f"load avg {os.getloadavg()[0]:.2f}")
-    hdr = f"{'family':<14}{'H':>3}{'K':>5}{'V':>5}{'ours ms':>10}{'theirs ms':>11}{'speedup':>9}{'rel diff':>10}  vs"
+    hdr = (f"{'family':<14}{'H':>3}{'K':>5}{'V':>5}{'engine ms':>11}{'chunk64 ms':>12}{'theirs ms':>11}"
+           f"{'engine x':>10}{'chunk64 x':>11}{'rel diff':>10}  vs")
     print(hdr)
     print("-" * len(hdr))
     cases = []
@@ -129,10 +141,12 @@ def main(argv=None):
         cases.append(("kda(strong g)", H, K, V, lambda H=H, K=K, V=V: bench_kda(a.T, H, K, V, a.reps, strong=True), "kimi_linear chunk_kimi_delta_attention"))
         cases.append(("mamba2", H, K, V, lambda H=H, K=K, V=V: bench_mamba2(a.T, H, K, V, a.reps), "nemotron_h mamba2_chunk_scan (N=K, P=V)"))
     for name, H, K, V, fn, ref in cases:
-        t_ours, t_theirs, d = fn()
-        rows.append(dict(family=name, T=a.T, H=H, K=K, V=V, ours_s=t_ours, theirs_s=t_theirs,
-                         speedup=t_theirs / t_ours, rel_diff=d, reference=ref))
-        print(f"{name:<14}{H:>3}{K:>5}{V:>5}{t_ours*1e3:>10.1f}{t_theirs*1e3:>11.1f}{t_theirs/t_ours:>8.2f}x{d:>10.1e}  {ref}")
+        t, d = fn()
+        rows.append(dict(family=name, T=a.T, H=H, K=K, V=V, engine_s=t["engine"], chunk64_s=t["ours64"],
+                         theirs_s=t["theirs"], speedup_engine=t["theirs"] / t["engine"],
+                         speedup_chunk64=t["theirs"] / t["ours64"], rel_diff=d, reference=ref))
+        print(f"{name:<14}{H:>3}{K:>5}{V:>5}{t['engine']*1e3:>11.1f}{t['ours64']*1e3:>12.1f}{t['theirs']*1e3:>11.1f}"
+              f"{t['theirs']/t['engine']:>9.2f}x{t['theirs']/t['ours64']:>10.2f}x{d:>10.1e}  {ref}")
     if a.json:
         os.makedirs(os.path.dirname(a.json), exist_ok=True)
         with open(a.json, "w") as f:

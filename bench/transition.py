@@ -6,7 +6,8 @@ For each family and segment length it times, on the torch chunk path (CPU here):
   prefill  linear_attention over the segment -> (o, S)                  (what a prefill costs)
   fused    prefill_with_summary -> (o, S, T) in one pass                 (what a scatter worker runs)
   summary  segment_summary -> (T, S) without outputs
-and reports fused/prefill - 1 (the overhead of caching T during a prefill) and summary/prefill.
+and reports fused/prefill - 1 (the overhead of caching T during a prefill) and summary/prefill, each
+the median over rounds of the paired ratio (times are the best round).
 Then the time to compose n = 64 cached segments (compose_batched, one layer, all heads) vs the
 chunked prefill of the 64 segments' tokens that the composition replaces.
 Timings interleave the variants and keep the best of --reps runs; by default one thread and the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -56,16 +58,21 @@ CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
 _clock = time.process_time
 
 
-def best_of(fns: dict, reps: int) -> dict:
+def best_of(fns: dict, reps: int, ratios: tuple = ()) -> dict:
+    """Best time of each callable over ``reps`` interleaved rounds, plus, for every (a, b) in
+    ``ratios``, the median over rounds of the paired ratio t_a / t_b (robust to slow load drift)."""
     for f in fns.values():
         f()
-    best = {name: float("inf") for name in fns}
+    runs = {name: [] for name in fns}
     for _ in range(reps):
         for name, f in fns.items():
             t0 = _clock()
             f()
-            best[name] = min(best[name], _clock() - t0)
-    return best
+            runs[name].append(_clock() - t0)
+    out = {name: min(ts) for name, ts in runs.items()}
+    for x, y in ratios:
+        out[f"{x}/{y}"] = statistics.median(tx / ty for tx, ty in zip(runs[x], runs[y]))
+    return out
 
 
 def main(argv=None):
@@ -91,6 +98,11 @@ def main(argv=None):
     H, K, V = a.H, a.K, a.V
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {a.clock} clock, H={H} K={K} V={V}, "
           f"B=1, fp32, load avg {os.getloadavg()[0]:.2f}")
+    # warm the allocator (heap growth / page faults) at the largest shape before timing anything
+    for fam in a.families:
+        q, k, v, g, beta = make_inputs(fam, max(a.lengths), H, K, V, gen)
+        prefill_with_summary(fam, q, k, v, g=g, beta=beta)
+        linear_attention(fam, q, k, v, g=g, beta=beta)
     rows = []
     hdr = f"{'family':<15}{'T':>6}{'prefill ms':>12}{'fused ms':>10}{'summary ms':>12}{'fused ovh':>11}{'summ/prefill':>14}"
     print(hdr)
@@ -103,10 +115,10 @@ def main(argv=None):
                 "fused": lambda: prefill_with_summary(fam, q, k, v, g=g, beta=beta),
                 "summary": lambda: segment_summary(fam, k, v, g=g, beta=beta),
             }
-            t = best_of(fns, a.reps)
+            t = best_of(fns, a.reps, ratios=(("fused", "prefill"), ("summary", "prefill")))
             row = dict(family=fam, T=T, H=H, K=K, V=V, prefill_s=t["prefill"], fused_s=t["fused"],
-                       summary_s=t["summary"], fused_overhead=t["fused"] / t["prefill"] - 1,
-                       summary_over_prefill=t["summary"] / t["prefill"])
+                       summary_s=t["summary"], fused_overhead=t["fused/prefill"] - 1,
+                       summary_over_prefill=t["summary/prefill"])
             rows.append(row)
             print(f"{fam:<15}{T:>6}{t['prefill']*1e3:>12.2f}{t['fused']*1e3:>10.2f}{t['summary']*1e3:>12.2f}"
                   f"{100*row['fused_overhead']:>10.1f}%{100*row['summary_over_prefill']:>13.1f}%")

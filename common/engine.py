@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from common.fingerprint import model_fingerprint
 from common.loader import CheckpointReader, load_weights
 from common.models import TEXT_SUBCONFIG, UnsupportedArchitecture, model_class
 from common.state import ModelState
@@ -80,7 +80,7 @@ class HybridEngine:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(path))
-        return cls(model, model_type, text_cfg, dtype, device, tokenizer, _fingerprint(path))
+        return cls(model, model_type, text_cfg, dtype, device, tokenizer, model_fingerprint(path))
 
     # -- core --------------------------------------------------------------------------------
     def new_state(self) -> ModelState:
@@ -152,7 +152,7 @@ class HybridEngine:
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         tokens: list[int] = []
         for i in range(max_new_tokens):
-            tok = _pick(logits, temperature, top_k, gen)
+            tok = pick_token(logits, temperature, top_k, gen)
             tokens.append(tok)
             if tok == eos_token_id or i == max_new_tokens - 1:
                 break
@@ -160,7 +160,8 @@ class HybridEngine:
         return tokens
 
 
-def _pick(logits: torch.Tensor, temperature: float, top_k: int, gen) -> int:
+def pick_token(logits: torch.Tensor, temperature: float, top_k: int = 0, gen=None) -> int:
+    """The next token: argmax at temperature 0, else a (top-k) sample; what generate() uses."""
     if temperature <= 0:
         return int(torch.argmax(logits))
     logits = logits.float() / temperature
@@ -168,27 +169,3 @@ def _pick(logits: torch.Tensor, temperature: float, top_k: int, gen) -> int:
         v, _ = torch.topk(logits, top_k)
         logits = logits.masked_fill(logits < v[-1], float("-inf"))
     return int(torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=gen))
-
-
-def _fingerprint(path: Path) -> str:
-    """Identifies the weights (config + safetensors bytes), stable across processes and machines.
-
-    Checkpoints up to 1 GiB are hashed whole; larger ones by their headers, sizes and a 1 MiB
-    sample every 64 MiB, so that a 100 GB model still loads in seconds.
-    """
-    h = hashlib.blake2b(digest_size=16)
-    h.update((path / "config.json").read_bytes())
-    files = sorted(path.glob("*.safetensors"))
-    whole = sum(f.stat().st_size for f in files) <= 1 << 30
-    for f in files:
-        size = f.stat().st_size
-        h.update(f.name.encode() + size.to_bytes(8, "little"))
-        with open(f, "rb") as fh:
-            if whole:
-                for block in iter(lambda: fh.read(1 << 22), b""):
-                    h.update(block)
-            else:
-                for off in range(0, size, 64 << 20):
-                    fh.seek(off)
-                    h.update(fh.read(1 << 20))
-    return h.hexdigest()

@@ -53,6 +53,19 @@ class Token:
 
 
 @dataclass(frozen=True)
+class SegmentTrace:
+    """Where one segment's entry came from: "segcache" (tier), "scatter" (worker) or "local"."""
+    index: int
+    source: str
+    worker: str = ""
+    tier: str = ""
+    fetch_s: float = 0.0
+    build_s: float = 0.0
+    tokens: int = 0
+    via_nixl: bool = False
+
+
+@dataclass(frozen=True)
 class Timings:
     """Where each segment came from and how long each stage took (seconds)."""
     tokenize_s: float = 0.0
@@ -69,6 +82,7 @@ class Timings:
     misses: int = 0
     prompt_tokens: int = 0
     hits_by_tier: dict[str, int] = field(default_factory=dict)
+    trace: tuple[SegmentTrace, ...] = ()  # per segment, in the final timings
 
     @classmethod
     def from_proto(cls, t: pb.Timings) -> "Timings":
@@ -76,7 +90,10 @@ class Timings:
                    transfer_s=t.transfer_s, compose_s=t.compose_s, seams_s=t.seams_s,
                    query_prefill_s=t.query_prefill_s, ttft_s=t.ttft_s, total_s=t.total_s,
                    segments=t.segments, hits=t.hits, misses=t.misses,
-                   prompt_tokens=t.prompt_tokens, hits_by_tier=dict(t.hits_by_tier))
+                   prompt_tokens=t.prompt_tokens, hits_by_tier=dict(t.hits_by_tier),
+                   trace=tuple(SegmentTrace(index=s.index, source=s.source, worker=s.worker, tier=s.tier,
+                                            fetch_s=s.fetch_s, build_s=s.build_s, tokens=s.tokens,
+                                            via_nixl=s.via_nixl) for s in t.trace))
 
 
 @dataclass

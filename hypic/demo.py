@@ -1,69 +1,75 @@
-"""`make demo`: answer a small RAG session with the bundled model.
+"""`make demo`: start the mesh on the bundled model and answer a small RAG session through it.
 
-Until the mesh lands this runs the engine in-process: it builds one entry per document, answers
-the question by reuse prefill (hypic) and by full recompute, and prints both answers and TTFTs.
+Eight documents are retrieved for every question, in a different order each time (as a retriever
+returns them). The first question finds the cache cold (scatter builds every document), later ones
+find it warm (segcache hits composed in constant time); each answer is also recomputed in full for
+comparison. Prints the answers and TTFT cold vs warm vs full recompute.
 """
 from __future__ import annotations
 
+import argparse
+import random
+import statistics
 import sys
-import time
+import tempfile
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "models" / "hypic-tiny-qwen35"
 
 
-def _tiny_random_model(out: Path) -> Path:
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _session(n_questions: int):
+    """(documents as text, [(question text, expected answer)]) from the quality tasks' language."""
+    sys.path.insert(0, str(ROOT))
+    from bench.quality.tasks import eval_prompt, make_query
 
-    torch.manual_seed(0)
-    cfg = AutoConfig.for_model(
-        "qwen3_5_text", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-    )
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
-    return out
+    world, _ = eval_prompt("retrieval", 0)
+    rng = random.Random(7)
+    questions = []
+    for _ in range(n_questions):
+        q = make_query(rng, world, "retrieval")
+        questions.append((" ".join(q.words), " ".join(q.answer)))
+    return [" ".join(d) for d in world.docs], questions
 
 
-def main() -> int:
-    import tempfile
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(BUNDLED))
+    ap.add_argument("--scatter", type=int, default=2)
+    ap.add_argument("--questions", type=int, default=5)
+    args = ap.parse_args(argv)
 
-    from common.engine import HybridEngine
+    import hypic
+    from hypic.launcher import Mesh
 
-    torch.set_flush_denormal(True)
-    tmp = None
-    path = BUNDLED
-    if not (path / "config.json").exists():
-        tmp = tempfile.TemporaryDirectory()
-        path = _tiny_random_model(Path(tmp.name))
-        print(f"(bundled model not found; using a random tiny Qwen3.5 at {path})")
-    eng = HybridEngine.from_pretrained(path)
-    tok = eng.tokenizer
-    if tok is not None:
-        docs = ["<doc> alice likes tea . bob likes milk .", "<doc> carol likes juice . dan likes water ."]
-        segments = [tok.encode(d) for d in docs]
-        query = tok.encode("<q> carol likes")
-    else:
-        g = torch.Generator().manual_seed(0)
-        segments = [torch.randint(0, eng.vocab_size, (n,), generator=g).tolist() for n in (64, 48, 80)]
-        query = torch.randint(0, eng.vocab_size, (6,), generator=g).tolist()
-    t0 = time.perf_counter()
-    full = eng.prefill_segments(segments, query, mode="full")
-    t_full = time.perf_counter() - t0
-    cold = eng.prefill_segments(segments, query, mode="hypic")
-    entries = cold.extra["entries"]
-    t0 = time.perf_counter()
-    warm = eng.prefill_segments(segments, query, entries=entries, mode="hypic")
-    t_warm = time.perf_counter() - t0
-    ans_full = eng.generate(full, max_new_tokens=8)
-    ans_warm = eng.generate(warm, max_new_tokens=8)
-    show = (lambda ids: tok.decode(ids)) if tok is not None else (lambda ids: str(ids))
-    print(f"model: {eng.model_type} from {path}")
-    print(f"full recompute: {show(ans_full)!s:40}  TTFT {t_full * 1e3:.1f} ms")
-    print(f"hypic (warm):   {show(ans_warm)!s:40}  TTFT {t_warm * 1e3:.1f} ms")
+    if not (Path(args.model) / "config.json").exists():
+        print(f"no model at {args.model} (train it: see models/README or bench/quality/train.py)")
+        return 2
+    docs, questions = _session(args.questions)
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as data:
+        print(f"starting the mesh (segcache, {args.scatter} scatter, combine, router) on {args.model} ...")
+        with Mesh(args.model, data, n_scatter=args.scatter, threads=1) as mesh:
+            print(f"router at {mesh.router_address}\n")
+            ttft = {"cold": [], "warm": [], "full": []}
+            with hypic.Client(mesh.router_address, timeout=300) as client:
+                print(f"{'question':<28}{'expected':<10}{'hypic':<10}{'full':<10}{'cache':<7}"
+                      f"{'TTFT hypic':>11}{'TTFT full':>11}")
+                for i, (question, expected) in enumerate(questions):
+                    order = docs[:]
+                    rng.shuffle(order)
+                    hyp = client.generate(segments=order, query=question, max_tokens=1, stream=False)
+                    full = client.generate(segments=order, query=question, max_tokens=1, stream=False, mode="full")
+                    kind = "cold" if hyp.timings.misses else "warm"
+                    ttft[kind].append(hyp.timings.ttft_s)
+                    ttft["full"].append(full.timings.ttft_s)
+                    print(f"{question:<28}{expected:<10}{hyp.text.strip():<10}{full.text.strip():<10}{kind:<7}"
+                          f"{hyp.timings.ttft_s * 1e3:>9.1f}ms{full.timings.ttft_s * 1e3:>9.1f}ms")
+            med = {k: statistics.median(v) * 1e3 for k, v in ttft.items() if v}
+            print("\nTTFT (median): " + ", ".join(f"{k} {v:.1f} ms" for k, v in med.items()))
+            if "warm" in med:
+                print(f"warm hypic is {med['full'] / med['warm']:.1f}x faster than full recompute "
+                      f"on {sum(len(d.split()) for d in docs)} prompt words (CPU, tiny model)")
     return 0
 
 

@@ -15,7 +15,8 @@ combine0..k-1 (in parallel; they need segcache's address) → router (it needs e
 Each is `python -m services.<kind> --port P --port-file F ...`; ready means it wrote its port
 file and answers grpc.health.v1 SERVING. Ports are ephemeral unless given; a restarted service
 keeps its port so the others' addresses stay valid. Logs go to data_dir/logs/<name>.log.
-Children die with the launcher (PR_SET_PDEATHSIG on Linux, for processes started from the main
+Children die with the launcher (PR_SET_PDEATHSIG on Linux, armed by the child itself after exec
+from HYPIC_PARENT_PID, for processes started from the main
 thread; an atexit hook otherwise) and are stopped in reverse order (SIGTERM, then SIGKILL after
 `grace_s`).
 """
@@ -23,7 +24,6 @@ thread; an atexit hook otherwise) and are stopped in reverse order (SIGTERM, the
 from __future__ import annotations
 
 import atexit
-import ctypes
 import dataclasses
 import importlib
 import json
@@ -72,15 +72,6 @@ def config_flags(kind: str) -> set[str]:
     return flags
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-@dataclass(eq=False)
 class Service:
     """One child process of the mesh."""
     name: str                 # "segcache", "scatter0", "combine0", "router"
@@ -127,6 +118,9 @@ class Service:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         env["PYTHONUNBUFFERED"] = "1"
+        env.pop("HYPIC_PARENT_PID", None)
+        if self._pdeathsig():
+            env["HYPIC_PARENT_PID"] = str(os.getpid())  # the service arms PR_SET_PDEATHSIG itself
         env.update(self.env)
         with open(self.log_path, "ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} start: "
@@ -134,8 +128,7 @@ class Service:
             log.flush()
             self.proc = subprocess.Popen(
                 self.command(), cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=log, start_new_session=True,
-                preexec_fn=_die_with_parent if self._pdeathsig() else None)
+                stderr=log, start_new_session=True)
 
     def _pdeathsig(self) -> bool:
         # PR_SET_PDEATHSIG fires when the *thread* that forked exits: only from the main thread.
@@ -224,8 +217,9 @@ class Mesh:
         gpus: CUDA device ids, one per scatter worker and then one per combine (round-robin).
         threads: torch threads per model process (scatter/combine --threads).
         extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}."""
-        self.model = Path(model) if model is not None else DEFAULT_MODEL
-        self.data_dir = Path(data_dir)
+        # Absolute paths: the children may run elsewhere than the caller's working directory.
+        self.model = (Path(model) if model is not None else DEFAULT_MODEL).absolute()
+        self.data_dir = Path(data_dir).absolute()
         self.n_scatter = int(n_scatter)
         self.n_combine = int(n_combine)
         self.host = host
@@ -236,7 +230,7 @@ class Mesh:
         self.threads = threads
         self.env = dict(env or {})
         self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
-        self.log_dir = Path(log_dir) if log_dir is not None else self.data_dir / "logs"
+        self.log_dir = Path(log_dir).absolute() if log_dir is not None else self.data_dir / "logs"
         self.run_dir = self.data_dir / "run"
         self.start_timeout_s = start_timeout_s
         self.grace_s = grace_s
@@ -293,11 +287,25 @@ class Mesh:
         return self.services[name]
 
     # ---- building each service ---------------------------------------------------------------------
-    def _model_args(self) -> list[str]:
-        args = ["--model", str(self.model), "--dtype", self.dtype, "--device", self.device]
-        if self.threads:
-            args += ["--threads", str(self.threads)]
-        return args
+    def service_args(self, kind: str, *, segcache: str = "", scatter: Sequence[str] = (),
+                     combine: Sequence[str] = ()) -> list[str]:
+        """The flags (besides --host/--port/--port-file) a service of `kind` is started with."""
+        if kind == "segcache":
+            return ["--data-dir", str(self.data_dir / "segcache")]
+        if kind in ("scatter", "combine"):
+            args = ["--model", str(self.model), "--dtype", self.dtype, "--device", self.device]
+            if self.threads:
+                args += ["--threads", str(self.threads)]
+            return args + (["--segcache-address", segcache] if segcache else [])
+        if kind == "router":
+            args = ["--model", str(self.model), "--seam", str(self.seam), "--dtype", self.dtype,
+                    "--combine-addresses", ",".join(combine)]
+            if segcache:
+                args += ["--segcache-address", segcache]
+            if scatter:
+                args += ["--scatter-addresses", ",".join(scatter)]
+            return args
+        raise ValueError(f"unknown service kind {kind!r}")
 
     def _service(self, name: str, kind: str, args: list[str], gpu: str | None = None) -> Service:
         env = dict(self.env)
@@ -323,35 +331,30 @@ class Mesh:
         atexit.register(self.stop)
         try:
             deadline = time.monotonic() + self.start_timeout_s
-            seg_args: list[str] = []
+            seg_addr = ""
             if self.use_segcache:
-                svc = self._service("segcache", "segcache",
-                                    ["--data-dir", str(self.data_dir / "segcache")])
+                svc = self._service("segcache", "segcache", self.service_args("segcache"))
                 self.services["segcache"] = svc
                 svc.start()
                 svc.wait_ready(deadline)
-                seg_args = ["--segcache-address", svc.address]
+                seg_addr = svc.address
             workers = []
             for i in range(self.n_scatter):
                 workers.append(self._service(f"scatter{i}", "scatter",
-                                             self._model_args() + seg_args, self._gpu(i)))
+                                             self.service_args("scatter", segcache=seg_addr),
+                                             self._gpu(i)))
             for i in range(self.n_combine):
                 workers.append(self._service(f"combine{i}", "combine",
-                                             self._model_args() + seg_args,
+                                             self.service_args("combine", segcache=seg_addr),
                                              self._gpu(self.n_scatter + i)))
             for svc in workers:
                 self.services[svc.name] = svc
                 svc.start()
             for svc in workers:
                 svc.wait_ready(deadline)
-            router_args = ["--model", str(self.model), "--seam", str(self.seam),
-                           "--dtype", self.dtype,
-                           "--combine-addresses", ",".join(self.combine_addresses)]
-            if self.use_segcache:
-                router_args += ["--segcache-address", self.segcache_address]
-            if self.n_scatter:
-                router_args += ["--scatter-addresses", ",".join(self.scatter_addresses)]
-            router = self._service("router", "router", router_args)
+            router = self._service("router", "router", self.service_args(
+                "router", segcache=seg_addr, scatter=self.scatter_addresses,
+                combine=self.combine_addresses))
             self.services["router"] = router
             router.start()
             router.wait_ready(deadline)

@@ -261,3 +261,14 @@ def test_bad_arguments():
     with pytest.raises(ValueError):
         chunk_linear_attn(q, q, q, chunk_size=48)
     assert la.fla_available.__doc__
+
+
+@pytest.mark.parametrize("C", [1, 2, 8, 32, 64, 128])
+def test_unit_lower_inverse(C, gen):
+    """(I + strict_lower(L))^-1 by blocked forward substitution == LAPACK; the upper triangle and
+    the diagonal of L are never read (filled with NaN here)."""
+    L = torch.randn(3, 5, C, C, generator=gen) * 0.3
+    ref = torch.linalg.solve_triangular(L.tril(-1) + torch.eye(C), torch.eye(C).expand(3, 5, C, C), upper=False)
+    L = L.tril(-1) + torch.full((C, C), float("nan")).triu()
+    X = chunk_mod._unit_lower_inv(L)
+    assert rel(X, ref) <= 1e-6

@@ -10,9 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -45,17 +48,17 @@ pytestmark = pytest.mark.timeout(240)
 
 # ---- processes ----------------------------------------------------------------------------------
 class Service:
-    """`python -m services.<name>` on an ephemeral port; always killed by the fixture."""
+    """A server process on an ephemeral port (`python -m services.<name>`, or a script); always
+    killed by the fixture."""
 
-    def __init__(self, name: str, module: str, args: list[str], tmp: Path):
+    def __init__(self, name: str, argv: list[str], tmp: Path):
         self.name = name
         self.port_file = tmp / f"{name}.port.json"
         self.log_path = tmp / f"{name}.log"
         self.port_file.unlink(missing_ok=True)
         env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-        cmd = [sys.executable, "-m", module, "--port", "0", "--port-file", str(self.port_file), *args]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log)
+            self.proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=log, stderr=log)
         self.info: dict = {}
 
     def wait(self) -> "Service":
@@ -84,9 +87,18 @@ class Service:
             self.proc.kill()
         self.proc.wait(timeout=10)
 
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM (graceful shutdown); its exit status."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
 
 class Mesh:
-    def __init__(self, tmp: Path, model: Path):
+    def __init__(self, tmp: Path, model: Path | None):
         self.tmp = tmp
         self.model = model
         self.services: list[Service] = []
@@ -96,7 +108,11 @@ class Mesh:
         self.dead = f"127.0.0.1:{self._dead.getsockname()[1]}"
 
     def start(self, name: str, module: str, *args: str) -> Service:
-        s = Service(name, module, list(args), self.tmp)
+        port_file = self.tmp / f"{name}.port.json"
+        return self.start_argv(name, ["-m", module, "--port", "0", "--port-file", str(port_file), *args])
+
+    def start_argv(self, name: str, argv: list[str]) -> Service:
+        s = Service(name, argv, self.tmp)
         self.services.append(s)
         return s
 
@@ -107,19 +123,30 @@ class Mesh:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return save_tiny("qwen3_5_text", tmp_path_factory.mktemp("model"), seed=5,
-                     **PIC_CONFIGS["qwen3_5_text"])
+def workdir():
+    # A private directory, not pytest's numbered tmp dirs: other pytest sessions running on the
+    # same machine rotate those, and the servers' files must outlive them.
+    d = Path(tempfile.mkdtemp(prefix="hypic-scatter-combine-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory, model_dir):
-    tmp = tmp_path_factory.mktemp("mesh")
-    m = Mesh(tmp, model_dir)
+def model_dir(workdir) -> Path:
+    return save_tiny("qwen3_5_text", workdir / "model", seed=5, **PIC_CONFIGS["qwen3_5_text"])
+
+
+@pytest.fixture(scope="module")
+def mesh(request, workdir):
+    tmp = workdir / "mesh"
+    tmp.mkdir()
+    m = Mesh(tmp, None)
     try:
         m.segcache = m.start("segcache", "services.segcache", "--data-dir", str(tmp / "segcache-data"),
                              "--host-bytes", "64MiB", "--disk-bytes", "256MiB", "--no-lmdb-sync",
-                             "--log-level", "debug").wait()
+                             "--log-level", "debug")
+        m.model = model_dir = request.getfixturevalue("model_dir")  # saved while segcache starts
+        m.segcache.wait()
         # scatter and combine load the model at the same time
         m.scatter = m.start("scatter", "services.scatter", "--model", str(model_dir), "--threads", "1",
                             "--segcache-address", m.segcache.target)
@@ -130,6 +157,10 @@ def mesh(tmp_path_factory, model_dir):
         m.scatter.wait()
         m.combine.wait()
         yield m
+        # graceful shutdown on SIGTERM: health NOT_SERVING, calls drained, exit status 0
+        codes = {s.name: s.terminate() for s in (m.combine, m.scatter)}
+        assert codes == {"combine": 0, "scatter": 0}, codes
+        assert '"event": "stopped"' in m.combine.log() and '"event": "stopped"' in m.scatter.log()
     finally:
         m.close()
 
@@ -275,13 +306,9 @@ def test_scatter_single_flight_and_store(mesh, engine):
     assert d1 == d2 and h1.build_s == h2.build_s
     assert load.in_flight == 0 and load.queued_tokens == 0 and load.model_fingerprint == engine.fingerprint
     assert stored is not None and bytes(stored) == d1  # stored once the stream ended
-    builds = [json.loads(line) for line in mesh.scatter.log().splitlines()
-              if line.startswith("{") and '"built"' in line and req_key_in(line, h1.key)]
+    builds = [line for line in mesh.scatter.log().splitlines()
+              if '"event": "built"' in line and f'"key": "{h1.key}"' in line]
     assert len(builds) == 1, builds
-
-
-def req_key_in(line: str, key: str) -> bool:
-    return f'"key": "{key}"' in line
 
 
 # ---- combine ------------------------------------------------------------------------------------
@@ -307,7 +334,7 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     assert w.hits == 3 and w.misses == 0
     assert all(s.tier == "host" for s in warm.segments), warm.segments
     assert dict(w.hits_by_tier) == {"host": 3}
-    if load_nixl()[0] is not None:
+    if load_nixl()[0] is not None and '"event": "nixl ready"' in mesh.combine.log():
         assert all(s.via_nixl for s in warm.segments)
     print(f"\n[ttft] cold (3 misses via scatter): server {t.ttft_s * 1e3:.1f} ms, "
           f"client {cold.client_ttft_s * 1e3:.1f} ms | warm (3 hits, nixl={warm.segments[0].via_nixl}): "
@@ -330,9 +357,56 @@ def test_combine_baseline_modes(mesh, engine):
                                                           mode=mode)))
         # full and prefix recompute on the combine worker: no segment events
         assert_matches(ans, ref_logits, ref_tokens, len(segs) if name == "naive" else 0)
+    # sampling: the same tokens as engine.generate with the same seed, temperature and top_k
+    out = engine.prefill_segments(segs, query, mode="hypic", seam=SEAM)
+    want = engine.generate(out, max_new_tokens=N_TOKENS, temperature=0.8, top_k=20, seed=1234)
+    ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE,
+                                                      temperature=0.8, top_k=20, seed=1234)))
+    assert ans.token_ids == want
 
 
-def test_combine_falls_back_from_a_dead_scatter(mesh, engine):
+# A scatter worker killed mid-stream: it sends the header and half the bytes, then exits.
+DYING_SCATTER = r"""
+import asyncio, json, os, sys
+import grpc
+from hypic.v1 import scatter_pb2 as spb, scatter_pb2_grpc as spb_grpc
+
+class Dying(spb_grpc.ScatterServicer):
+    async def Build(self, request, context):
+        data = os.urandom(20000)
+        yield spb.BuildResponse(header=spb.BuildHeader(key=request.key, size=len(data), worker="dying"),
+                                data=data[:10000])
+        await asyncio.sleep(0.2)
+        os._exit(17)
+
+async def main():
+    server = grpc.aio.server()
+    spb_grpc.add_ScatterServicer_to_server(Dying(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        json.dump({"port": port}, f)
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    await server.wait_for_termination()
+
+asyncio.run(main())
+"""
+
+
+class WrongScatter(spb_grpc.ScatterServicer):
+    """A scatter worker that answers with a valid entry of other tokens."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, 0
+
+    async def Build(self, request, context):
+        self.calls += 1
+        data = self.engine.build_entry(list(request.token_ids)[:-1], request.seam).to_bytes()
+        header = spb.BuildHeader(key=request.key, size=len(data), worker="wrong", checksum=checksum(data))
+        yield spb.BuildResponse(header=header, data=data)
+
+
+def test_combine_falls_back_from_failing_scatter_workers(mesh, engine):
     segs, query = prompt(5, (26, 35))
     ref_logits, ref_tokens = reference(engine, segs, query)
     # worker 0 is dead: the next address builds them
@@ -342,8 +416,34 @@ def test_combine_falls_back_from_a_dead_scatter(mesh, engine):
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
     assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
     assert all(s.worker.startswith("scatter@") for s in ans.segments)
-    # the only scatter address is dead and so is segcache: built on the combine worker
+
+    # worker 0 dies mid-stream, worker 1 sends another segment's entry: built on the combine
     segs, query = prompt(6, (19, 44))
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    dying = mesh.start_argv("dying", ["-c", DYING_SCATTER, str(mesh.tmp / "dying.port.json")]).wait()
+
+    async def run():
+        wrong = WrongScatter(engine)
+        server = grpc.aio.server()
+        spb_grpc.add_ScatterServicer_to_server(wrong, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER,
+                             scatter=[dying.target, f"127.0.0.1:{port}"], workers=[0, 0], store_entries=False)
+            return await execute(mesh.combine.target, plan), wrong.calls
+        finally:
+            await server.stop(0)
+
+    ans, wrong_calls = arun(run())
+    assert_matches(ans, ref_logits, ref_tokens, len(segs))
+    assert ans.sources() == [cpb.SOURCE_LOCAL] * 2 and wrong_calls == 2
+    assert dying.proc.wait(timeout=10) == 17  # it really died mid-stream
+    log = mesh.combine.log()
+    assert '"reason": "mismatch"' in log and ('"reason": "short"' in log or '"reason": "unavailable"' in log)
+
+    # the only scatter address is dead and so is segcache: built on the combine worker
+    segs, query = prompt(11, (23, 17))
     ref_logits, ref_tokens = reference(engine, segs, query)
     plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER, scatter=[mesh.dead], segcache=mesh.dead)
     ans = arun(execute(mesh.combine.target, plan))

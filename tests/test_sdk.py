@@ -1,7 +1,13 @@
-"""The SDK (hypic.Client / AsyncClient / errors / cli) against a real router started by the
-launcher (hypic.launcher.Mesh: segcache + router processes). The combine behind the router is a
-hung HTTP/2 peer (up, never answers), so every accepted request ends at its deadline; the
-generation path itself is covered by the mesh tests once combine and scatter exist."""
+"""The SDK (hypic.Client / AsyncClient / errors / cli) and the launcher (hypic.launcher.Mesh),
+all against real processes.
+
+- `mesh`: segcache + router started by Mesh; the combine behind the router is a hung HTTP/2 peer
+  (up, never answers), so every accepted request ends at its deadline: typed errors, limits,
+  kill/restart.
+- `full_mesh`: segcache + scatter + combine + router: tokens, timings, hits on the second
+  request, cancellation reaching combine. (The lead's end-to-end tests go further: answers equal
+  to in-process prefill_segments, kill -9 of a scatter worker, load.)
+"""
 
 from __future__ import annotations
 
@@ -168,6 +174,8 @@ def test_cli_generate_info_health(mesh, capsys) -> None:
     assert rc == 1 and "DEADLINE_EXCEEDED" in capsys.readouterr().err
     rc = main(["generate", "--address", mesh.router_address, "--query", "bob", "--timeout", "2"])
     assert rc == 1 and "INVALID_ARGUMENT" in capsys.readouterr().err
+    assert main(["up", "--model", str(mesh.data_dir / "no-such-model")]) == 2
+    assert "no model" in capsys.readouterr().err
 
 
 def test_mesh_reports_a_service_that_cannot_start(tmp_path) -> None:
@@ -182,3 +190,106 @@ def test_mesh_reports_a_service_that_cannot_start(tmp_path) -> None:
     with pytest.raises(MeshError, match="exited with status 1"):
         m.start()
     assert m.dead() == ["router"]
+
+
+def test_launcher_flags_match_service_configs(tmp_path) -> None:
+    """Every flag Mesh starts a service with is a field of that service's config dataclass, and
+    the config loads (catches renamed flags before a mesh is started)."""
+    from common.rpc.config import load_config
+    from hypic.launcher import config_flags, service_config
+
+    m = Mesh(tmp_path / "model", tmp_path / "data", n_scatter=2, threads=1)
+    for kind in ("segcache", "scatter", "combine", "router"):
+        args = m.service_args(kind, segcache="127.0.0.1:1", scatter=["127.0.0.1:2"],
+                              combine=["127.0.0.1:3"])
+        args += ["--host", "127.0.0.1", "--port", "0", "--port-file", str(tmp_path / "p.json")]
+        flags = config_flags(kind)
+        assert [a for a in args if a.startswith("--") and a not in flags] == [], kind
+        cls, prefix = service_config(kind)
+        load_config(cls, args, env={}, env_prefix=prefix)
+
+
+# ---- the whole mesh (segcache, scatter, combine, router) -------------------------------------
+
+def _have_main(kind: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(f"services.{kind}.__main__") is not None
+    except ImportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def full_mesh(tmp_path_factory):
+    if not (_have_main("scatter") and _have_main("combine")):
+        pytest.skip("services.scatter / services.combine not written yet")
+    base = tmp_path_factory.mktemp("full")
+    model = make_tiny_model(base / "model")
+    with Mesh(model, base / "data", n_scatter=1, threads=1, start_timeout_s=150,
+              extra_args={"segcache": ["--host-bytes", "16MiB", "--disk-bytes", "64MiB"]}) as m:
+        yield m
+
+
+def test_generate_end_to_end(full_mesh) -> None:
+    """Cold request (misses built by scatter), then the same request warm (segcache hits): the
+    same greedy tokens, streamed and not, sync and async; the first token carries logits."""
+    segs = ["alice likes tea . bob likes milk .", [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17],
+            "carol likes juice ."]
+    with hypic.Client(full_mesh.router_address, timeout=60) as c:
+        stream = c.generate(segments=segs, query="carol likes", max_tokens=5, return_logits=True)
+        toks = list(stream)
+        assert [t.index for t in toks] == list(range(5))
+        assert toks[0].logits is not None and len(toks[0].logits) == 512
+        assert all(t.logits is None for t in toks[1:])
+        cold = stream.timings
+        assert stream.done and cold.segments == 3 and cold.misses == 3 and cold.hits == 0
+        assert cold.ttft_s > 0 and cold.total_s >= cold.ttft_s and cold.prompt_tokens > 11
+        warm = c.generate(segments=segs, query="carol likes", max_tokens=5, stream=False)
+        assert warm.tokens == [t.id for t in toks]
+        assert warm.text == "".join(t.text for t in toks)
+        assert warm.timings.hits == 3 and warm.timings.misses == 0
+        assert sum(warm.timings.hits_by_tier.values()) == 3
+        full = c.generate(segments=segs, query="carol likes", max_tokens=2, stream=False,
+                          mode="full")
+        assert len(full.tokens) == 2 and full.timings.hits == 0
+
+    async def run() -> list[int]:
+        async with hypic.AsyncClient(full_mesh.router_address, timeout=60) as ac:
+            r = await ac.generate(segments=segs, query="carol likes", max_tokens=5, stream=False)
+            return r.tokens
+
+    assert asyncio.run(run()) == warm.tokens
+
+
+def test_cancel_propagates_to_combine(full_mesh) -> None:
+    """A client that stops reading and cancels ends the combine stream too: combine's in-flight
+    count (Combine.Info) drops back to 0 long before its 4000 tokens would have been decoded."""
+    import grpc
+
+    from hypic.v1 import combine_pb2 as cpb
+    from hypic.v1 import combine_pb2_grpc as cpb_grpc
+
+    ch = grpc.insecure_channel(full_mesh["combine0"].address)
+    combine = cpb_grpc.CombineStub(ch)
+
+    def in_flight() -> int:
+        return combine.Info(cpb.CombineInfoRequest(), timeout=5).in_flight
+
+    rid = "sdk-cancel-1"
+    with hypic.Client(full_mesh.router_address, timeout=120) as c:
+        stream = c.generate(segments=[[3, 4, 5, 6, 7, 8, 9, 10, 11, 12]], query=[1, 2],
+                            max_tokens=4000, request_id=rid)
+        with stream:  # leaving the block cancels the call
+            for tok in stream:
+                if tok.index == 3:
+                    assert in_flight() == 1
+                    break
+        t = time.monotonic()
+        while in_flight() != 0:
+            assert time.monotonic() - t < 3.0, "combine still runs the cancelled request"
+            time.sleep(0.05)
+    ch.close()
+    router_lines = [json.loads(x) for x in full_mesh.log("router").splitlines() if x.startswith("{")]
+    assert any(d.get("request_id") == rid and d.get("event") == "request cancelled"
+               for d in router_lines)

@@ -27,6 +27,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from common.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
+
 MAGIC = b"HYPE"
 FORMAT_VERSION = 1
 
@@ -40,15 +42,6 @@ class EntryError(ValueError):
 
 def dtype_name(dtype: torch.dtype | str) -> str:
     return dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
-
-
-def segment_key(model_fingerprint: str, seam: int, dtype: torch.dtype | str, token_ids: Sequence[int]) -> str:
-    """Content address of a segment entry: the same everywhere (never Python's hash())."""
-    h = hashlib.blake2b(digest_size=20, person=b"hypic-seg-v1")
-    h.update(model_fingerprint.encode() + b"\0" + dtype_name(dtype).encode() + b"\0")
-    h.update(struct.pack("<iI", int(seam), len(token_ids)))
-    h.update(struct.pack(f"<{len(token_ids)}I", *[int(t) for t in token_ids]))
-    return h.hexdigest()
 
 
 @dataclass

@@ -18,6 +18,7 @@ import inspect
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Sequence
@@ -187,8 +188,31 @@ def write_port_file(path: str | os.PathLike[str] | None, **info: Any) -> None:
     os.replace(tmp, path)
 
 
+PARENT_PID_ENV = "HYPIC_PARENT_PID"
+
+
+def die_with_parent_from_env() -> None:
+    """When a launcher set HYPIC_PARENT_PID, end this process (SIGTERM) when that parent dies.
+
+    Done here, after exec, rather than in a preexec_fn: a preexec_fn runs between fork and exec
+    in a copy of a multi-threaded parent (torch, grpc) and can deadlock on a lock some other
+    thread held at fork time, hanging the parent's Popen forever."""
+    want = os.environ.get(PARENT_PID_ENV)
+    if not want or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != int(want):  # the parent died before we armed the signal
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def run(main: Callable[[], Awaitable[Any]]) -> Any:
     """Run main() on uvloop when available, else the default asyncio loop."""
+    die_with_parent_from_env()
     try:
         import uvloop
     except ImportError:

@@ -50,8 +50,28 @@ class GenerateRequest(_message.Message):
     request_id: str
     def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., query: _Optional[_Union[Segment, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[PrefillMode, str]] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
 
+class SegmentTrace(_message.Message):
+    __slots__ = ("index", "source", "worker", "tier", "fetch_s", "build_s", "tokens", "via_nixl")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    FETCH_S_FIELD_NUMBER: _ClassVar[int]
+    BUILD_S_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    VIA_NIXL_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    source: str
+    worker: str
+    tier: str
+    fetch_s: float
+    build_s: float
+    tokens: int
+    via_nixl: bool
+    def __init__(self, index: _Optional[int] = ..., source: _Optional[str] = ..., worker: _Optional[str] = ..., tier: _Optional[str] = ..., fetch_s: _Optional[float] = ..., build_s: _Optional[float] = ..., tokens: _Optional[int] = ..., via_nixl: _Optional[bool] = ...) -> None: ...
+
 class Timings(_message.Message):
-    __slots__ = ("tokenize_s", "lookup_s", "scatter_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s", "total_s", "segments", "hits", "misses", "prompt_tokens", "hits_by_tier")
+    __slots__ = ("tokenize_s", "lookup_s", "scatter_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s", "total_s", "segments", "hits", "misses", "prompt_tokens", "hits_by_tier", "trace")
     class HitsByTierEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +93,7 @@ class Timings(_message.Message):
     MISSES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HITS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     tokenize_s: float
     lookup_s: float
     scatter_s: float
@@ -87,7 +108,8 @@ class Timings(_message.Message):
     misses: int
     prompt_tokens: int
     hits_by_tier: _containers.ScalarMap[str, int]
-    def __init__(self, tokenize_s: _Optional[float] = ..., lookup_s: _Optional[float] = ..., scatter_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., compose_s: _Optional[float] = ..., seams_s: _Optional[float] = ..., query_prefill_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., segments: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., hits_by_tier: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    trace: _containers.RepeatedCompositeFieldContainer[SegmentTrace]
+    def __init__(self, tokenize_s: _Optional[float] = ..., lookup_s: _Optional[float] = ..., scatter_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., compose_s: _Optional[float] = ..., seams_s: _Optional[float] = ..., query_prefill_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., segments: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., hits_by_tier: _Optional[_Mapping[str, int]] = ..., trace: _Optional[_Iterable[_Union[SegmentTrace, _Mapping]]] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("token_id", "text", "index", "logits")

@@ -24,7 +24,7 @@ from .torch_ref import FORMS, check_shapes, infer_form
 _FORM_ID = {"scalar": 0, "vector": 1, "matrix": 2}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "G"])
 def _compose_kernel(
     T_ptr,
     S_ptr,
@@ -125,6 +125,6 @@ def compose_batched_triton(
             Tc, Sc, Sin if Sin is not None else Sc, res, states,
             n, Gn, K, V,
             FORM=_FORM_ID[form], HAS_SIN=Sin is not None, STORE_ALL=return_all,
-            BK=cfg["BK"], BV=cfg["BV"], num_warps=cfg["num_warps"],
+            BK=cfg["BK"], BV=cfg["BV"], num_warps=cfg["num_warps"], enable_fp_fusion=True,
         )
     return (res, states) if return_all else res

@@ -26,6 +26,7 @@ from .chunk import (
     chunk_mamba2,
     chunk_retnet,
     chunk_with_transition,
+    default_chunk_size,
 )
 from .naive import (
     DELTA_FAMILIES,
@@ -148,12 +149,13 @@ def linear_attention(
     initial_state: torch.Tensor | None = None,
     scale: float | None = None,
     backend: str = "auto",
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked prefill of one family: (o [B,T,H,V] in q's dtype, final state [B,H,K,V] fp32).
 
     backend: "auto" (fla for CUDA bf16/fp16 when it imports, else the torch chunk path),
     "torch" or "fla". Gates as in :mod:`kernels.linear_attn.naive` (log-decays <= 0).
+    chunk_size None: :func:`default_chunk_size` (32 for the delta families on CPU, else 64).
     """
     _check_family(family)
     delta = family in DELTA_FAMILIES
@@ -171,6 +173,8 @@ def linear_attention(
             if not _fla_state.get("warned"):
                 warnings.warn(f"fla {family} kernel failed ({e!r}); using the torch chunk path")
                 _fla_state["warned"] = True
+    if chunk_size is None:
+        chunk_size = default_chunk_size(family, q.device)
     return chunk_linear_attn(
         q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=delta, chunk_size=chunk_size
     )
@@ -255,6 +259,7 @@ __all__ = [
     "naive_kda",
     "chunk_linear_attn",
     "chunk_with_transition",
+    "default_chunk_size",
     "chunk_retnet",
     "chunk_mamba2",
     "chunk_gla",

@@ -67,17 +67,12 @@ def _to_chunks(x: torch.Tensor, N: int, C: int, dtype=torch.float32, scale: floa
     bp = buf.permute(perm)  # [B, N, C, H(, D)] view of buf
     full, r = divmod(T, C)
     if full:
-        src = x[:, : full * C].reshape((B, full, C, H) + tail)
-        if scale is None:
-            bp[:, :full].copy_(src)
-        else:
-            torch.mul(src, scale, out=bp[:, :full])
+        bp[:, :full].copy_(x[:, : full * C].reshape((B, full, C, H) + tail))
     if r:
-        if scale is None:
-            bp[:, full, :r].copy_(x[:, full * C :])
-        else:
-            torch.mul(x[:, full * C :], scale, out=bp[:, full, :r])
+        bp[:, full, :r].copy_(x[:, full * C :])
         bp[:, full, r:].zero_()
+    if scale is not None and scale != 1.0:
+        buf.mul_(scale)  # (contiguous: much faster than writing a scaled permuted view)
     return buf.view((N, B * H, C) + tail)
 
 
@@ -85,6 +80,13 @@ def _from_chunks(x: torch.Tensor, B: int, H: int, T: int) -> torch.Tensor:
     """[N, B*H, C, D] -> [B, T, H, D]."""
     N, _, C, D = x.shape
     return x.view(N, B, H, C, D).permute(1, 0, 3, 2, 4).reshape(B, N * C, H, D)[:, :T]
+
+
+def default_chunk_size(family_or_delta, device="cpu") -> int:
+    """Chunk size the dispatchers use: 32 for the delta families on CPU (measured 10-30% faster
+    there: the C^2 UT work halves, the chunk loop stays cheap), 64 otherwise."""
+    delta = family_or_delta in ("deltanet", "gated_deltanet", "kda") if isinstance(family_or_delta, str) else bool(family_or_delta)
+    return 32 if (delta and torch.device(device).type == "cpu") else 64
 
 
 def _gate_kind(g: torch.Tensor | None) -> str:
@@ -142,6 +144,38 @@ def _intra_vec(rows: list[torch.Tensor], cols: torch.Tensor, b: torch.Tensor, sa
         blk = torch.matmul(Rm, (cols.view(M, n, s, K)[:, :, :h] * ec).transpose(-1, -2))  # [r, M, n, h, h]
         out.view(r, M, n, 2, h, n, 2, h).diagonal(dim1=2, dim2=5)[:, :, 1, :, 0].copy_(blk.permute(0, 1, 3, 4, 2))
         s = h
+
+
+def _unit_lower_inv(L: torch.Tensor, base: int = 8) -> torch.Tensor:
+    """(I + strict_lower(L))^-1 for L [..., C, C], C a power of two; only the strict lower triangle
+    of L is read. Forward substitution on base x base diagonal blocks (row by row, vectorised over
+    every block), then 2x2 block doubling: inv([[A, 0], [Cb, D]]) = [[A^-1, 0], [-D^-1 Cb A^-1, D^-1]].
+    Faster than batched LAPACK trsm on CPU (one parallel region per step instead of one per
+    matrix) and the same arithmetic as forward substitution."""
+    *bs, C, _ = L.shape
+    base = min(base, C)
+    nb = C // base
+    Lf = L.reshape(-1, C, C)
+    M = Lf.shape[0]
+    D = Lf.view(M, nb, base, nb, base).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [M, nb, base, base]
+    X = Lf.new_zeros(M, nb, base, base)
+    X[..., 0, 0] = 1.0
+    for i in range(1, base):
+        X[..., i, :i] = torch.matmul(D[..., i : i + 1, :i], X[..., :i, :i]).squeeze(-2).neg_()
+        X[..., i, i] = 1.0
+    s = base
+    while s < C:
+        n2 = C // (2 * s)
+        Xv = X.view(M, n2, 2, s, s)
+        Ai, Di = Xv[:, :, 0], Xv[:, :, 1]
+        Cb = Lf.view(M, n2, 2, s, n2, 2, s).diagonal(dim1=1, dim2=4)[:, 1, :, 0].permute(0, 3, 1, 2)
+        Y = Lf.new_zeros(M, n2, 2 * s, 2 * s)
+        Y[:, :, :s, :s] = Ai
+        Y[:, :, s:, s:] = Di
+        Y[:, :, s:, :s] = torch.matmul(Di, torch.matmul(Cb, Ai)).neg_()
+        X = Y
+        s *= 2
+    return X.view(*bs, C, C)
 
 
 def _chunk_core(
@@ -223,7 +257,9 @@ def _chunk_core(
     # ---- intra-chunk score matrices ----
     A = None  # q-k scores, lower incl. diagonal
     Lm = None  # beta k-k scores; only the strict lower triangle is read (by the solve)
-    kb = (kc * bc.unsqueeze(-1) if bc is not None else kc) if delta else None
+    # beta-scaled keys: needed as rows of the per-channel score matrix; the scalar path folds beta
+    # into the score matrix and into the W right-hand side instead (fewer elementwise passes)
+    kb = (kc * bc.unsqueeze(-1) if bc is not None else kc) if (delta and vec) else None
     if vec:
         rows = ([qc] if qc is not None else []) + ([kb] if delta else [])
         if rows:
@@ -264,45 +300,70 @@ def _chunk_core(
         if want_T and T_out is None:  # no gate: identity transition
             T_out = torch.ones(Z, device=dev)
     else:
-        eye = torch.eye(C, device=dev)
-        # (I + L)^-1: unitriangular solve reads only the strict lower triangle of Lm
-        Minv = torch.linalg.solve_triangular(Lm, eye.expand(N, Z, C, C), upper=False, unitriangular=True)
+        Minv = _unit_lower_inv(Lm)  # (I + L)^-1, reads only the strict lower triangle of Lm
         rhs = kc.new_empty(N, Z, C, V + K)
         if bc is not None:
             torch.mul(vc, bc.unsqueeze(-1), out=rhs[..., :V])
         else:
             rhs[..., :V].copy_(vc)
-        if b is not None:
+        if vec:
             torch.mul(kb, eb, out=rhs[..., V:])
+        elif b is not None:
+            torch.mul(kc, eb * bc.unsqueeze(-1) if bc is not None else eb, out=rhs[..., V:])
+        elif bc is not None:
+            torch.mul(kc, bc.unsqueeze(-1), out=rhs[..., V:])
         else:
-            rhs[..., V:].copy_(kb)
+            rhs[..., V:].copy_(kc)
         UW = torch.matmul(Minv, rhs)  # [N, Z, C, V + K]: U = (I+L)^-1 beta v, W = (I+L)^-1 beta Gamma k
         U, W = UW[..., :V], UW[..., V:]
         Vx = V + (K if want_T else 0)
         if want_T:  # the identity-started columns get zero values
             U = F.pad(U, (0, K))
-        Xs = kc.new_empty(N + 1, Z, K, Vx)  # Xs[c] = (augmented) state entering chunk c
-        Xs[0].zero_()
-        if S0 is not None:
-            Xs[0, ..., :V].copy_(S0)
-        if want_T:
-            Xs[0, ..., V:].copy_(torch.eye(K, device=dev))
-        dl = kc.new_empty(N, Z, C, Vx)
         kdT = kd.transpose(-1, -2)
-        for c in range(N):
-            d = torch.baddbmm(U[c], W[c], Xs[c], alpha=-1.0, out=dl[c])  # new values U - W S
-            if gam is not None:
-                torch.mul(Xs[c], gmul(gam[c]), out=Xs[c + 1])
-                Xs[c + 1].baddbmm_(kdT[c], d)
-            else:
-                torch.baddbmm(Xs[c], kdT[c], d, out=Xs[c + 1])
-        S = Xs[N, ..., :V].clone()
+        # The outputs need the state entering every chunk and every chunk's new values (V columns
+        # only). Without T the loop writes them in place into history buffers; with T (augmented
+        # columns) or without outputs it runs on two work buffers and keeps just the V part.
+        keep = qc is not None
+        in_place = keep and not want_T
+        if in_place:
+            Xs = kc.new_empty(N + 1, Z, K, V)  # Xs[c] = state entering chunk c
+            dl = kc.new_empty(N, Z, C, V)
+            X = Xs[0]
+        else:
+            X, Xn = kc.new_empty(Z, K, Vx), kc.new_empty(Z, K, Vx)
+            dw = kc.new_empty(Z, C, Vx)
+            if keep:
+                starts, dl = kc.new_empty(N, Z, K, V), kc.new_empty(N, Z, C, V)
+        X.zero_()
+        if S0 is not None:
+            X[..., :V].copy_(S0)
         if want_T:
-            T_out = Xs[N, ..., V:].clone()
+            X[..., V:].copy_(torch.eye(K, device=dev))
+        for c in range(N):
+            if in_place:
+                X, Xn, d = Xs[c], Xs[c + 1], dl[c]
+            else:
+                d = dw
+                if keep:
+                    starts[c].copy_(X[..., :V])
+            torch.baddbmm(U[c], W[c], X, alpha=-1.0, out=d)  # new values d = U - W S
+            if gam is not None:
+                torch.mul(X, gmul(gam[c]), out=Xn)
+                Xn.baddbmm_(kdT[c], d)
+            else:
+                torch.baddbmm(X, kdT[c], d, out=Xn)
+            if not in_place:
+                if keep:
+                    dl[c].copy_(d[..., :V])
+                X, Xn = Xn, X
+        if in_place:
+            X, starts = Xs[N], Xs[:N]
+        S = X[..., :V].clone()
+        if want_T:
+            T_out = X[..., V:].clone()
         if qc is not None:
             qg = qc * eb if b is not None else qc
-            starts = Xs[:N, ..., :V]
-            o_c = torch.matmul(A, dl[..., :V]).add_(torch.matmul(qg, starts))
+            o_c = torch.matmul(A, dl).add_(torch.matmul(qg, starts))
 
     o = None
     if qc is not None:
@@ -367,38 +428,49 @@ def chunk_with_transition(
     return _chunk_core(q, k, v, g, beta, initial_state, scale, delta, chunk_size, want_T=True)
 
 
+# Family wrappers: same signatures as the naive_* wrappers; the chunk size is the dispatcher's
+# default for the device (:func:`default_chunk_size`: 32 for the delta families on CPU, else 64).
+
+
 def chunk_retnet(q, k, v, g, initial_state=None, scale=None):
     """RetNet / Lightning attention: g [H], a fixed log-decay per head."""
-    return chunk_linear_attn(q, k, v, g=g, initial_state=initial_state, scale=scale)
+    return chunk_linear_attn(q, k, v, g=g, initial_state=initial_state, scale=scale,
+                             chunk_size=default_chunk_size(False, k.device))
 
 
 def chunk_mamba2(q, k, v, g, initial_state=None, scale=1.0):
     """Mamba2 (SSD): q = C, k = B, v = dt*x, g = dt*A [B,T,H] (scalar per token)."""
-    return chunk_linear_attn(q, k, v, g=g, initial_state=initial_state, scale=scale)
+    return chunk_linear_attn(q, k, v, g=g, initial_state=initial_state, scale=scale,
+                             chunk_size=default_chunk_size(False, k.device))
 
 
 def chunk_gla(q, k, v, g, initial_state=None, scale=None):
     """GLA: g [B,T,H,K], a per-channel log-decay."""
-    return chunk_linear_attn(q, k, v, g=g, initial_state=initial_state, scale=scale)
+    return chunk_linear_attn(q, k, v, g=g, initial_state=initial_state, scale=scale,
+                             chunk_size=default_chunk_size(False, k.device))
 
 
 def chunk_deltanet(q, k, v, beta, initial_state=None, scale=None):
     """DeltaNet: beta [B,T,H], no decay."""
-    return chunk_linear_attn(q, k, v, beta=beta, initial_state=initial_state, scale=scale, delta=True)
+    return chunk_linear_attn(q, k, v, beta=beta, initial_state=initial_state, scale=scale, delta=True,
+                             chunk_size=default_chunk_size(True, k.device))
 
 
 def chunk_gated_deltanet(q, k, v, g, beta, initial_state=None, scale=None):
     """Gated DeltaNet (Qwen3-Next, Qwen3.5): g [B,T,H] scalar per token, beta [B,T,H]."""
-    return chunk_linear_attn(q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=True)
+    return chunk_linear_attn(q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=True,
+                             chunk_size=default_chunk_size(True, k.device))
 
 
 def chunk_kda(q, k, v, g, beta, initial_state=None, scale=None):
     """KDA (Kimi-Linear): g [B,T,H,K] per channel, beta [B,T,H]."""
-    return chunk_linear_attn(q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=True)
+    return chunk_linear_attn(q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=True,
+                             chunk_size=default_chunk_size(True, k.device))
 
 
 __all__ = [
     "SAFE_EXP",
+    "default_chunk_size",
     "chunk_linear_attn",
     "chunk_with_transition",
     "chunk_retnet",

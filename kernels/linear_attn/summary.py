@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .chunk import chunk_with_transition
+from .chunk import chunk_with_transition, default_chunk_size
 from .conv import causal_conv1d, conv_tail
 from .naive import DELTA_FAMILIES, FAMILIES
 from .rope import apply_rope, rope_rotation
@@ -83,11 +83,12 @@ def segment_summary(
     *,
     g: torch.Tensor | None = None,
     beta: torch.Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
 ) -> Summary:
     """(T_C, S(C|0)) of the segment given by k [B,T,H,K], v [B,T,H,V] and its gates (fp32 out)."""
     form = summary_form(family)
     _check_gate(family, g, beta)
+    chunk_size = chunk_size or default_chunk_size(family, k.device)
     _, S, T = chunk_with_transition(
         None, k, v, g=g, beta=beta, delta=family in DELTA_FAMILIES, chunk_size=chunk_size
     )
@@ -104,7 +105,7 @@ def prefill_with_summary(
     beta: torch.Tensor | None = None,
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, Summary]:
     """Prefill and summary in one pass: (o, end state from ``initial_state``, Summary(T, S(C|0))).
 
@@ -115,6 +116,7 @@ def prefill_with_summary(
     _check_gate(family, g, beta)
     if scale is None and family == "mamba2":
         scale = 1.0
+    chunk_size = chunk_size or default_chunk_size(family, k.device)
     o, S, T = chunk_with_transition(
         q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale,
         delta=family in DELTA_FAMILIES, chunk_size=chunk_size,

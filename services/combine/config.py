@@ -45,6 +45,9 @@ class CombineConfig:
         "deadline of an Execute whose caller set none"))
     segcache_timeout_s: float = field(default=10.0, metadata=_h(
         "longest wait for one segcache fetch before the segment is rebuilt (capped by the deadline)"))
+    background_wait_s: float = field(default=5.0, metadata=_h(
+        "longest wait, after the last token, for scatter streams to end (their segcache Puts) "
+        "and local stores before the final Timings"))
     connect_timeout_s: float = field(default=3.0, metadata=_h(
         "longest wait to connect to a scatter worker or segcache before trying elsewhere"))
     # --- peers ---------------------------------------------------------------------------
@@ -79,7 +82,8 @@ class CombineConfig:
             raise ValueError("nixl_min_bytes must be >= 0")
         if self.threads < 0 or self.max_prompt_tokens < 1 or self.max_new_tokens < 1:
             raise ValueError("threads must be >= 0, max_prompt_tokens and max_new_tokens >= 1")
-        for name in ("default_timeout_s", "segcache_timeout_s", "connect_timeout_s", "grace_s"):
+        for name in ("default_timeout_s", "segcache_timeout_s", "connect_timeout_s", "grace_s",
+                     "background_wait_s"):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number > 0")

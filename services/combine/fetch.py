@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 import grpc
 import structlog
 
-from common.pic.entry import EntryError, SegmentEntry
+from common.pic.entry import SegmentEntry
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlUnavailable
 from common.rpc.segcache_client import ChecksumError, SegcacheClient, checksum
@@ -244,7 +244,7 @@ def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
 async def parse_entry(data: bytes, ctx: RequestCtx, ids: list[int]) -> SegmentEntry:
     try:
         entry = await asyncio.to_thread(SegmentEntry.from_bytes, data)
-    except (EntryError, KeyError, ValueError) as e:  # bad magic/checksum, malformed header
+    except Exception as e:  # EntryError (magic, version, checksum) or any malformed byte
         raise BadEntry("corrupt", f"{type(e).__name__}: {e}") from None
     check_entry(entry, ctx, ids)
     return entry

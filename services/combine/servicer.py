@@ -22,7 +22,7 @@ import grpc
 import structlog
 import torch
 
-from common.engine import _pick as pick_token  # the sampler engine.generate uses
+from common.engine import pick_token  # the sampler engine.generate uses
 from common.pic import compose_segment, prefill_segments
 from common.pic.entry import dtype_name, segment_key
 from common.rpc.log import new_request_id
@@ -39,7 +39,6 @@ SERVICE_NAME = "hypic.v1.Combine"
 MODES = {rpb.PREFILL_MODE_HYPIC: "hypic", rpb.PREFILL_MODE_FULL: "full",
          rpb.PREFILL_MODE_PREFIX: "prefix", rpb.PREFILL_MODE_NAIVE: "naive"}
 SOURCES = {pb.SOURCE_SEGCACHE: "segcache", pb.SOURCE_SCATTER: "scatter", pb.SOURCE_LOCAL: "local"}
-BACKGROUND_WAIT_S = 10.0  # longest wait at the end for scatter streams / stores to finish
 
 
 class _Abort(Exception):
@@ -235,7 +234,8 @@ class CombineServicer(pb_grpc.CombineServicer):
                 m.TOKENS.inc()
             # 3. let scatter streams end (their segcache Puts) and local stores finish
             if ctx.background:
-                await asyncio.wait(ctx.background, timeout=min(BACKGROUND_WAIT_S, max(0.0, deadline.remaining())))
+                wait_s = min(self.cfg.background_wait_s, max(0.0, deadline.remaining()))
+                await asyncio.wait(ctx.background, timeout=wait_s)
             timings.total_s = time.perf_counter() - t_start
             m.STAGE_SECONDS.labels("total").observe(timings.total_s)
             log.info("executed", mode=mode, segments=timings.segments, hits=timings.hits,
@@ -254,8 +254,10 @@ class CombineServicer(pb_grpc.CombineServicer):
             outcome = "cancelled"
             raise
         except _Abort as e:
-            outcome = "error"
             await context.abort(e.code, e.details)
+        except Exception as e:  # a bug or a model error: say so, keep serving
+            log.exception("execute failed")
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
         finally:
             for t in [*tasks, *ctx.background]:
                 if not t.done():

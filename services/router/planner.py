@@ -248,6 +248,9 @@ class Planner:
     def mark_down(self, worker: int, down: bool = True) -> None:
         (self._down.add if down else self._down.discard)(worker)
 
+    def is_down(self, worker: int) -> bool:
+        return worker in self._down
+
     def up_workers(self) -> list[int]:
         up = [w for w in range(self.n_workers) if w not in self._down]
         return up or list(range(self.n_workers))  # all down: let combine fall back

@@ -129,7 +129,7 @@ class ScatterPool:
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                     self.planner.mark_down(w, False)  # an older worker: no Load, still usable
                     return
-                if w not in self.planner._down:
+                if not self.planner.is_down(w):
                     log.warning("scatter worker not answering", worker=self.addresses[w],
                                 code=e.code().name)
                 self.planner.mark_down(w, True)
@@ -144,7 +144,7 @@ class ScatterPool:
                 self.planner.mark_down(w, True)
                 m.WORKER_UP.labels(self.addresses[w]).set(0)
                 return
-            if w in self.planner._down:
+            if self.planner.is_down(w):
                 log.info("scatter worker back", worker=self.addresses[w])
             self.planner.mark_down(w, False)
             self.planner.set_external_load(w, r.in_flight, r.queued_tokens)
@@ -182,6 +182,7 @@ class _Request:
     planned_misses: int = 0
     ticket: Ticket | None = None
     ready: dict[int, tuple[int, str]] = field(default_factory=dict)  # index -> (source, tier)
+    trace: dict[int, pb.SegmentTrace] = field(default_factory=dict)  # index -> where it came from
     combine_timings: pb.Timings = field(default_factory=pb.Timings)
     ttft_s: float = 0.0
     tokens_sent: int = 0
@@ -275,7 +276,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             code = e.code.name
             log.info("request failed", code=code, details=e.details)
             await context.abort(e.code, e.details)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):  # the client went away
             code = "CANCELLED"
             log.info("request cancelled", tokens_sent=req.tokens_sent)
             raise
@@ -445,6 +446,11 @@ class RouterServicer(pb_grpc.RouterServicer):
         ps = plan.segments[i]
         tier = _norm_tier(ready.tier) or req.planned_tiers.get(i, "")
         req.ready[i] = (ready.source, tier)
+        req.trace[i] = pb.SegmentTrace(
+            index=i, source=cpb.SegmentSource.Name(ready.source).removeprefix("SOURCE_").lower()
+            if ready.source in cpb.SegmentSource.values() else "unknown",
+            worker=ready.worker, tier=tier, fetch_s=ready.fetch_s, build_s=ready.build_s,
+            tokens=ready.tokens or len(ps.token_ids), via_nixl=ready.via_nixl)
         m.SEGMENTS.labels(cpb.SegmentSource.Name(ready.source).removeprefix("SOURCE_").lower()
                           if ready.source in cpb.SegmentSource.values() else "unknown").inc()
         if req.ticket is not None and ps.key:
@@ -465,6 +471,8 @@ class RouterServicer(pb_grpc.RouterServicer):
         t.segments = len(req.segments)
         t.prompt_tokens = req.prompt_tokens
         t.ClearField("hits_by_tier")
+        if final:
+            t.trace.extend(req.trace[i] for i in sorted(req.trace))
         if req.ready:
             hits = [tier for src, tier in req.ready.values() if src == cpb.SOURCE_SEGCACHE]
             t.hits = len(hits)

@@ -41,7 +41,9 @@ async def serve(cfg: ScatterConfig) -> None:
     log.info("starting", config=describe(cfg))
     loop = asyncio.get_running_loop()
     engine = await asyncio.to_thread(load_engine, cfg)
-    executor = ThreadPoolExecutor(max_workers=cfg.build_workers, thread_name_prefix="scatter-build")
+    # One build thread: builds share one model (and build_entry hooks its layers while it runs),
+    # and torch already spreads one build over the cores.
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scatter-build")
     if cfg.warmup:  # first-call costs (allocator, kernels) are not a request's
         await loop.run_in_executor(executor, engine.build_entry,
                                    [i % engine.vocab_size for i in range(16)], 8)

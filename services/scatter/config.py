@@ -29,8 +29,6 @@ class ScatterConfig:
     dtype: str = field(default="float32", metadata=_h("float32 | bfloat16 | float16"))
     device: str = field(default="cpu", metadata=_h("torch device of the model"))
     threads: int = field(default=0, metadata=_h("torch intra-op threads; 0 = torch's default"))
-    build_workers: int = field(default=1, metadata=_h(
-        "builds that run at once (one model; more only helps on a GPU)"))
     max_segment_tokens: int = field(default=131072, metadata=_h("longest segment accepted"))
     warmup: bool = field(default=True, metadata=_h("run one small build before serving"))
     # --- network -------------------------------------------------------------------------
@@ -68,8 +66,8 @@ class ScatterConfig:
         if self.chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be > 0")
         self.chunk_bytes = min(self.chunk_bytes, self.max_message_bytes - 4096)
-        if self.threads < 0 or self.build_workers < 1 or self.max_segment_tokens < 1:
-            raise ValueError("threads must be >= 0, build_workers and max_segment_tokens >= 1")
+        if self.threads < 0 or self.max_segment_tokens < 1:
+            raise ValueError("threads must be >= 0, max_segment_tokens >= 1")
         if not (self.segcache_timeout_s > 0 and math.isfinite(self.segcache_timeout_s)):
             raise ValueError("segcache_timeout_s must be > 0")
         if self.segcache_address is not None and not self.segcache_address.strip():

@@ -1,10 +1,11 @@
 """The hypic.v1.Scatter gRPC servicer: build one segment's entry, stream it back, store it.
 
 Single flight: concurrent Builds of one key share one build. The first call creates a flight (a
-task that runs the build on the build executor and then, when any caller asked for it, Puts the
+task that runs the build on the single build thread and then, when any caller asked for it, Puts the
 entry into segcache); later calls join it and answer with `shared=true`. The build runs to the end
 even when its first caller goes away while others wait or a store was asked for; a queued build
-whose every caller went away (and that nobody asked to store) is dropped before it starts.
+whose every caller went away (and that nobody asked to store) is dropped before it starts; one
+that has started runs to the end (a running build cannot be stopped) and still counts in Load.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Flight:
     result: asyncio.Future  # -> Built
     stored: asyncio.Future  # done once the store phase is over (stored, failed or skipped)
     waiters: int = 0
+    started: bool = False  # set on the build thread when the build begins
     created: float = field(default_factory=time.perf_counter)
     task: asyncio.Task | None = None
 
@@ -95,7 +97,8 @@ class ScatterServicer(pb_grpc.ScatterServicer):
 
     # ---- the flight ---------------------------------------------------------------------
     def _build(self, fl: Flight) -> Built:
-        """On the build executor: prefill the segment alone, serialize its entry."""
+        """On the build thread: prefill the segment alone, serialize its entry."""
+        fl.started = True
         m.BUILD_WAIT_SECONDS.observe(time.perf_counter() - fl.created)
         t0 = time.perf_counter()
         entry = self.engine.build_entry(fl.token_ids, fl.seam)
@@ -185,8 +188,9 @@ class ScatterServicer(pb_grpc.ScatterServicer):
 
     def _leave(self, fl: Flight) -> None:
         fl.waiters -= 1
-        if fl.waiters == 0 and not fl.result.done() and not fl.store and fl.task is not None:
-            fl.task.cancel()  # nobody wants it: drop it if it has not started yet
+        if (fl.waiters == 0 and not fl.started and not fl.result.done() and not fl.store
+                and fl.task is not None):
+            fl.task.cancel()  # queued and nobody wants it any more: drop it
 
     # ---- RPCs -----------------------------------------------------------------------------
     async def Build(self, request: pb.BuildRequest, context):

@@ -1,0 +1,257 @@
+"""Quality of position-independent caching: exact-match accuracy per task and per prefill mode.
+
+    python -m bench.quality.eval [--model models/hypic-tiny-qwen35] [--n 500] [--out bench/quality/results]
+
+Every held-out prompt (bench.quality.tasks.eval_prompt: 8 documents, ~450 tokens, one query) goes
+through `HybridEngine.prefill_segments` in each mode, then greedy decoding of as many tokens as
+the answer has; a prompt counts when every decoded token is right.
+
+    full        the whole prompt recomputed (the reference)
+    prefix      exact reuse of segment-aligned prefix states (prefix caching; exact by construction)
+    naive       cached segment states added without T, no seams (the ablation)
+    hypic_w{w}  Hypic with a seam window of w tokens, w in 0, 2, 4, 8, 16
+
+Segment entries are built once per prompt and seam width and reused: hypic w=0 and naive share
+the same entries (both have no seam). Deterministic: no sampling, fixed prompts; the numbers do
+not depend on --workers.
+Writes quality.json (accuracies, every prompt's correctness per mode, and the first prompts'
+predictions with their logit margins, which tests/test_quality.py replays), quality.md and
+quality.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.quality import tasks as T
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = ROOT / "models" / "hypic-tiny-qwen35"
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+SEAMS = (0, 2, 4, 8, 16)
+MODES = ("full", "prefix", "naive") + tuple(f"hypic_w{w}" for w in SEAMS)
+DETAIL = 50  # prompts per task whose predictions and margins are stored (what the test replays)
+
+
+def load_engine(model: Path):
+    from common.engine import HybridEngine
+
+    return HybridEngine.from_pretrained(model, dtype=torch.float32, device="cpu")
+
+
+def encode(engine, words: list[str]) -> list[int]:
+    return engine.tokenizer(" ".join(words), add_special_tokens=False)["input_ids"]
+
+
+def prompt_ids(engine, task: str, index: int):
+    world, q = T.eval_prompt(task, index)
+    segments = [encode(engine, d) for d in world.docs]
+    return segments, encode(engine, q.words), encode(engine, q.answer)
+
+
+def decode(engine, out, n: int) -> tuple[list[int], float]:
+    """Greedy decoding of n tokens from a PrefillOutput; also the smallest top-1/top-2 logit margin
+    seen (a near-tie could flip under another float summation order)."""
+    tokens, logits, state, margin = [], out.logits, out.state, float("inf")
+    for i in range(n):
+        top = torch.topk(logits.float(), 2).values
+        margin = min(margin, float(top[0] - top[1]))
+        tok = int(torch.argmax(logits))
+        tokens.append(tok)
+        if i < n - 1:
+            logits, state = engine.decode_step(tok, state)
+    return tokens, margin
+
+
+def run_prompt(engine, segments, query, answer, modes=MODES, order: str = "layer") -> dict[str, dict]:
+    """Prediction, correctness and margin of every mode in `modes` for one prompt."""
+    res: dict[str, dict] = {}
+    entries: dict[int, list] = {}
+
+    def record(name, out):
+        pred, margin = decode(engine, out, len(answer))
+        res[name] = {"pred": pred, "ok": pred == answer, "margin": margin}
+
+    for name in modes:
+        if name == "full":
+            record(name, engine.prefill_segments(segments, query, mode="full"))
+        elif name == "prefix":
+            engine.prefix_cache.clear()
+            record(name, engine.prefill_segments(segments, query, mode="prefix"))
+            engine.prefix_cache.clear()
+        elif name == "naive":
+            out = engine.prefill_segments(segments, query, entries=entries.get(0), mode="naive")
+            entries.setdefault(0, out.extra["entries"])
+            record(name, out)
+        elif name.startswith("hypic_w"):
+            w = int(name[len("hypic_w"):])
+            out = engine.prefill_segments(segments, query, entries=entries.get(w), mode="hypic", seam=w, order=order)
+            entries.setdefault(w, out.extra["entries"])
+            record(name, out)
+        else:
+            raise ValueError(f"unknown mode {name!r}")
+    return res
+
+
+_ENGINE = None
+
+
+def _worker_init(model: str, threads: int) -> None:
+    global _ENGINE
+    torch.set_num_threads(threads)
+    torch.set_flush_denormal(True)
+    _ENGINE = load_engine(Path(model))
+
+
+def _run_chunk(job: tuple[str, int, int, tuple[str, ...], str]) -> list[tuple[int, dict]]:
+    task, a, b, modes, order = job
+    out = []
+    for i in range(a, b):
+        segments, query, answer = prompt_ids(_ENGINE, task, i)
+        res = run_prompt(_ENGINE, segments, query, answer, modes, order)
+        out.append((sum(map(len, segments)) + len(query), res))
+    return out
+
+
+def evaluate(model: Path, n: int, tasks=T.TASKS, modes=MODES, order: str = "layer", workers: int = 1,
+             threads: int = 1, progress: bool = True, chunk: int = 25) -> dict:
+    """Run every prompt of every task in every mode (in `workers` processes: the numbers do not
+    depend on how the prompts are split)."""
+    from tqdm import tqdm
+
+    jobs = [(t, a, min(a + chunk, n), tuple(modes), order) for t in tasks for a in range(0, n, chunk)]
+    t0 = time.perf_counter()
+    bar = tqdm(total=n * len(tasks), disable=not progress, mininterval=10, file=sys.stdout, ncols=100)
+    results = []
+    if workers <= 1:
+        _worker_init(str(model), threads)
+        for job in jobs:
+            results.append(_run_chunk(job))
+            bar.update(job[2] - job[1])
+    else:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(workers, _worker_init, (str(model), threads)) as pool:
+            for job, r in zip(jobs, pool.imap(_run_chunk, jobs)):
+                results.append(r)
+                bar.update(job[2] - job[1])
+    bar.close()
+    per: dict = {t: {m: [] for m in modes} for t in tasks}
+    detail: dict = {t: {m: [] for m in modes} for t in tasks}
+    n_tokens: dict = {t: [] for t in tasks}
+    for job, chunk_res in zip(jobs, results):
+        task = job[0]
+        for i, (ntok, res) in zip(range(job[1], job[2]), chunk_res):
+            n_tokens[task].append(ntok)
+            for m in modes:
+                per[task][m].append(int(res[m]["ok"]))
+                if i < DETAIL:
+                    detail[task][m].append({"pred": res[m]["pred"], "margin": round(res[m]["margin"], 6)})
+    acc = {t: {m: 100.0 * sum(per[t][m]) / n for m in modes} for t in tasks}
+    return {
+        "n_per_task": n,
+        "modes": list(modes),
+        "tasks": list(tasks),
+        "order": order,
+        "accuracy": acc,
+        "delta_vs_full": {t: {m: acc[t][m] - acc[t]["full"] for m in modes} for t in tasks if "full" in modes},
+        "prompt_tokens": {t: {"mean": sum(v) / len(v), "min": min(v), "max": max(v)} for t, v in n_tokens.items()},
+        "correct": {t: {m: "".join(map(str, per[t][m])) for m in modes} for t in tasks},
+        "detail": detail,
+        "eval_s": round(time.perf_counter() - t0, 1),
+    }
+
+
+# -- outputs ---------------------------------------------------------------------------------------
+LABELS = {"full": "full recompute", "prefix": "prefix cache", "naive": "naive PIC"}
+
+
+def label(mode: str) -> str:
+    return LABELS.get(mode) or f"hypic w={mode[len('hypic_w'):]}"
+
+
+def markdown_table(res: dict) -> str:
+    modes, tasks = res["modes"], res["tasks"]
+    lines = ["| task | " + " | ".join(label(m) for m in modes) + " |",
+             "|---|" + "---:|" * len(modes)]
+    for t in tasks:
+        acc = res["accuracy"][t]
+        lines.append(f"| {t} | " + " | ".join(f"{acc[m]:.1f}" for m in modes) + " |")
+    lines.append("")
+    lines.append("Difference to full recompute, points:")
+    lines.append("")
+    lines.append("| task | " + " | ".join(label(m) for m in modes if m != "full") + " |")
+    lines.append("|---|" + "---:|" * (len(modes) - 1))
+    for t in tasks:
+        d = res["delta_vs_full"][t]
+        lines.append(f"| {t} | " + " | ".join(f"{d[m]:+.1f}" for m in modes if m != "full") + " |")
+    return "\n".join(lines)
+
+
+def plot(res: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    xs = list(range(len(SEAMS)))
+    for i, t in enumerate(res["tasks"]):
+        acc = res["accuracy"][t]
+        c = f"C{i}"
+        ax.plot(xs, [acc[f"hypic_w{w}"] for w in SEAMS], marker="o", color=c, label=f"{t}: hypic")
+        ax.axhline(acc["full"], color=c, ls="--", lw=1, label=f"{t}: full recompute ({acc['full']:.1f})")
+        ax.plot([xs[0] - 0.35], [acc["naive"]], marker="x", ms=9, color=c, ls="none",
+                label=f"{t}: naive PIC ({acc['naive']:.1f})")
+    ax.set_xticks([xs[0] - 0.35] + xs, ["naive"] + [str(w) for w in SEAMS])
+    ax.set_xlabel("seam window w (tokens recomputed at the start of each segment)")
+    ax.set_ylabel("exact-match accuracy, %")
+    ax.set_ylim(0, 102)
+    ax.set_title(f"hypic-tiny-qwen35: accuracy vs seam window ({res['n_per_task']} prompts per task)")
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--n", type=int, default=500, help="held-out prompts per task")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument("--workers", type=int, default=1, help="worker processes (results do not depend on it)")
+    ap.add_argument("--order", default="layer", choices=("layer", "segment"),
+                    help="hypic reuse order (both give the same numbers; layer-major is faster)")
+    ap.add_argument("--tasks", nargs="+", default=list(T.TASKS), choices=T.TASKS)
+    args = ap.parse_args(argv)
+    res = evaluate(args.model, args.n, tuple(args.tasks), order=args.order, workers=args.workers,
+                   threads=args.threads)
+    from common.engine import _fingerprint
+    try:
+        model_rel = str(args.model.resolve().relative_to(ROOT))
+    except ValueError:
+        model_rel = str(args.model)
+    res = {"model": model_rel, "fingerprint": _fingerprint(args.model), "eval_seed": T.EVAL_SEED,
+           "docs_per_prompt": T.EVAL_DOCS, "threads": args.threads, **res}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "quality.json").write_text(json.dumps(res, indent=1) + "\n")
+    table = markdown_table(res)
+    (args.out / "quality.md").write_text(
+        f"# Quality: exact match, % ({res['n_per_task']} held-out prompts per task, "
+        f"{T.EVAL_DOCS} documents, ~{round(sum(v['mean'] for v in res['prompt_tokens'].values()) / len(res['tasks']))} tokens)\n\n"
+        f"Generated by `python -m bench.quality.eval` from quality.json; model `{model_rel}`.\n\n{table}\n")
+    plot(res, args.out / "quality.png")
+    print(table)
+    print(f"\n{res['eval_s']:.0f} s -> {args.out}/quality.json, quality.md, quality.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""docker-compose.yml and docker/Dockerfile, checked without a Docker engine: every command runs
+a real module, every flag and HYPIC_* variable is a field of that service's config dataclass
+(and the whole config actually loads), addresses and ports agree between services, volumes are
+declared, GPUs are not shared, healthchecks call hypic.healthcheck on the service's own port."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.rpc.config import load_config
+from hypic.launcher import config_flags, service_config
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def kind_of(svc: dict) -> str:
+    cmd = svc["command"]
+    assert isinstance(cmd, list) and cmd[:2] == ["python", "-m"], cmd
+    module = cmd[2]
+    assert module.startswith("services."), module
+    return module.split(".")[1]
+
+
+@pytest.fixture(scope="module")
+def configs(compose) -> dict:
+    """service name -> (kind, loaded config dataclass instance)."""
+    out = {}
+    for name, svc in compose["services"].items():
+        kind = kind_of(svc)
+        cls, prefix = service_config(kind)
+        env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
+        try:
+            cfg = load_config(cls, svc["command"][3:], env=env, env_prefix=prefix)
+        except SystemExit:  # argparse: unknown flag or bad value
+            pytest.fail(f"{name}: {svc['command'][3:]} is not accepted by {cls.__name__}")
+        out[name] = (kind, cfg)
+    return out
+
+
+def split(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+def test_every_command_is_a_real_module(compose) -> None:
+    kinds = set()
+    for name, svc in compose["services"].items():
+        module = svc["command"][2]
+        assert importlib.util.find_spec(module + ".__main__") is not None, f"{name}: {module}"
+        kinds.add(kind_of(svc))
+    assert kinds == {"segcache", "scatter", "combine", "router"}
+
+
+def test_flags_and_env_vars_are_config_fields(compose, configs) -> None:
+    for name, svc in compose["services"].items():
+        kind = kind_of(svc)
+        cls, prefix = service_config(kind)
+        fields = set(cls.__dataclass_fields__)
+        flags = config_flags(kind)
+        for arg in svc["command"][3:]:
+            if arg.startswith("--"):
+                assert arg in flags, f"{name}: {arg} is not a {cls.__name__} flag"
+        for var in svc.get("environment") or {}:
+            assert var.startswith(prefix), f"{name}: {var} lacks the {prefix} prefix"
+            assert var[len(prefix):].lower() in fields, f"{name}: {var} is not a {cls.__name__} field"
+        assert configs[name][1].host == "0.0.0.0", f"{name} must listen beyond its container"
+
+
+def test_addresses_and_ports_agree(compose, configs) -> None:
+    services = compose["services"]
+    port = {n: cfg.port for n, (_, cfg) in configs.items()}
+
+    def points_to(address: str, kind: str, who: str) -> str:
+        host, p = split(address)
+        assert host in configs, f"{who}: {address} names no service"
+        assert configs[host][0] == kind, f"{who}: {address} is not a {kind}"
+        assert p == port[host], f"{who}: {address} but {host} listens on {port[host]}"
+        return host
+
+    routers = [n for n, (k, _) in configs.items() if k == "router"]
+    assert len(routers) == 1
+    rcfg = configs[routers[0]][1]
+    points_to(rcfg.segcache_address, "segcache", "router")
+    scat = [points_to(a, "scatter", "router") for a in rcfg.scatters]
+    assert sorted(scat) == sorted(n for n, (k, _) in configs.items() if k == "scatter")
+    assert len(set(scat)) == len(scat)
+    for a in rcfg.combines:
+        points_to(a, "combine", "router")
+    for n, (k, cfg) in configs.items():
+        if k in ("scatter", "combine"):
+            points_to(cfg.segcache_address, "segcache", n)
+            assert cfg.dtype == rcfg.dtype, f"{n}: dtype {cfg.dtype} != router's {rcfg.dtype}"
+            assert str(cfg.model) == str(rcfg.model), f"{n}: another model than the router's"
+            assert cfg.device.startswith("cuda")
+        if cfg.metrics_port >= 0:
+            assert cfg.metrics_port != cfg.port
+        # healthcheck: the real module, on the service's own port
+        test = services[n]["healthcheck"]["test"]
+        assert test[:4] == ["CMD", "python", "-m", "hypic.healthcheck"], test
+        assert importlib.util.find_spec("hypic.healthcheck") is not None
+        assert split(test[4]) == ("127.0.0.1", cfg.port), (n, test)
+        assert all(a in ("--quiet", "-q", "--service", "--timeout") or not a.startswith("-")
+                   for a in test[5:])
+        for dep in services[n].get("depends_on") or {}:
+            assert dep in services, f"{n} depends on unknown {dep}"
+        for mapping in services[n].get("ports") or []:
+            assert int(str(mapping).split(":")[-1]) == cfg.port, (n, mapping)
+    published = [n for n, s in services.items() if s.get("ports")]
+    assert published == routers, "only the router is published to the host"
+
+
+def test_volumes_gpus_and_image(compose, configs) -> None:
+    declared = set(compose.get("volumes") or {})
+    for n, svc in compose["services"].items():
+        targets = []
+        for v in svc.get("volumes") or []:
+            if isinstance(v, str):
+                src, tgt = v.split(":")[:2]
+                typ = "bind" if src.startswith((".", "/")) else "volume"
+            else:
+                src, tgt, typ = v["source"], v["target"], v["type"]
+            if typ == "volume":
+                assert src in declared, f"{n}: volume {src} is not declared"
+            else:
+                assert src.startswith("./") and ".." not in src, f"{n}: bind {src} leaves the repo"
+            targets.append(tgt)
+        kind, cfg = configs[n]
+        if kind == "segcache":
+            assert any(str(cfg.data_dir).startswith(t.rstrip("/") + "/") for t in targets), \
+                "segcache's LMDB must live on a volume"
+        if kind in ("scatter", "combine", "router"):
+            assert any(str(cfg.model).startswith(t.rstrip("/") + "/") for t in targets), \
+                f"{n}: the model directory is not mounted"
+        assert svc["build"]["dockerfile"] == "docker/Dockerfile" and svc["build"]["context"] == "."
+    gpus: dict[str, str] = {}
+    for n, (kind, _) in configs.items():
+        devs = (compose["services"][n].get("deploy", {}).get("resources", {})
+                .get("reservations", {}).get("devices", []))
+        ids = [i for d in devs for i in d.get("device_ids", [])]
+        if kind in ("scatter", "combine"):
+            assert len(ids) == 1, f"{n}: one GPU each"
+            assert all("gpu" in d.get("capabilities", []) for d in devs)
+        else:
+            assert ids == [], f"{n} needs no GPU"
+        for i in ids:
+            assert i not in gpus, f"GPU {i} given to {gpus[i]} and {n}"
+            gpus[i] = n
+    text = DOCKERFILE.read_text()
+    assert "nvidia/cuda" in text and '".[gpu]"' in text
+    assert "requirements/base.txt" in text
