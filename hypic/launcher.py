@@ -72,6 +72,7 @@ def config_flags(kind: str) -> set[str]:
     return flags
 
 
+@dataclass(eq=False)
 class Service:
     """One child process of the mesh."""
     name: str                 # "segcache", "scatter0", "combine0", "router"

@@ -10,7 +10,10 @@ for p in (ROOT, ROOT / "tests"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# One thread: the tiny test models gain nothing from two, and the mesh tests run service
+# processes beside this one; oversubscribed cores made torch's parallel regions stall for
+# milliseconds each (measured 10-100x slowdowns on a busy 2-core machine).
+torch.set_num_threads(1)
 
 
 @pytest.fixture

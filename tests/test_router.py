@@ -363,8 +363,8 @@ def test_info_and_fingerprint_contract(mesh) -> None:
     assert len(info.scatter_addresses) == 2 and len(info.combine_addresses) == 2
     # The engine and the entry code compute the same values (one definition; see
     # common/fingerprint.py).
-    from common.engine import _fingerprint
-    assert _fingerprint(Path(mesh["model"])) == fp
+    from common.engine import HybridEngine
+    assert HybridEngine.from_pretrained(Path(mesh["model"])).fingerprint == fp
     try:
         from common.pic.entry import segment_key as entry_key
     except ImportError as e:  # pragma: no cover - another module mid-edit

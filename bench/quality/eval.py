@@ -233,12 +233,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     res = evaluate(args.model, args.n, tuple(args.tasks), order=args.order, workers=args.workers,
                    threads=args.threads)
-    from common.engine import _fingerprint
     try:
         model_rel = str(args.model.resolve().relative_to(ROOT))
     except ValueError:
         model_rel = str(args.model)
-    res = {"model": model_rel, "fingerprint": _fingerprint(args.model), "eval_seed": T.EVAL_SEED,
+    res = {"model": model_rel, "fingerprint": load_engine(args.model).fingerprint, "eval_seed": T.EVAL_SEED,
            "docs_per_prompt": T.EVAL_DOCS, "threads": args.threads, **res}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "quality.json").write_text(json.dumps(res, indent=1) + "\n")
