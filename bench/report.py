@@ -116,8 +116,9 @@ def render(serve: dict, cold: dict | None) -> str:
             f"SLO: p90 TTFT ≤ {sw['slo_s']:.2f} s = {sw['slo_x_full_p50']:g} × full recompute's closed-loop "
             f"p50 TTFT on this machine (the seed used a fixed 1 s SLO). The rate ladder is "
             f"{', '.join(f'{x:g}' for x in sw['rates_x'])} × full recompute's service rate at concurrency 1 "
-            f"({sw['full_service_rate_rps']:.3f} req/s); a point sends about {sw['window_s']:g} s of Poisson "
-            f"arrivals ({min(sw['n_per_rate'])}–{max(sw['n_per_rate'])} fresh requests), the same ones to every "
+            f"({sw['full_service_rate_rps']:.3f} req/s); a point sends rate × {sw['window_s']:g} s of Poisson "
+            f"arrivals (at least {p['n_rate_min']}, at most {p['n_rate_max']} requests; "
+            f"{min(sw['n_per_rate'])}–{max(sw['n_per_rate'])} here), fresh ones per point, the same ones to every "
             "mode that runs it. Each mode searches the ladder for its bracket: it starts at the highest rate "
             "at or below half its own closed-loop service rate, goes up while p90 TTFT meets the SLO, or "
             "down until it does; every point shown was measured. QPS at SLO is interpolated linearly in "
@@ -208,6 +209,10 @@ def render(serve: dict, cold: dict | None) -> str:
                 f"| LPT vs naive partitioning, m = {h['sim_m']} (**simulated**): LPT / round-robin / contiguous | "
                 f"{times(sp['lpt'])} / {times(sp['round_robin'])} / {times(sp['contiguous'])} | "
                 f"{SEED['lpt']}× vs {SEED['naive_part']}× |"]
+        if "sim_build_speedup" in h:
+            bp = h["sim_build_speedup"]
+            out.append(f"| the same, scatter phase alone (**simulated**): LPT / round-robin / contiguous | "
+                       f"{times(bp['lpt'])} / {times(bp['round_robin'])} / {times(bp['contiguous'])} | — |")
     shapes = h["ttft_p50_ratio_per_shape"]
     out += ["", "Hypic vs prefix cache TTFT p50 per shape: "
             + ", ".join(f"{s} {times(v)}" for s, v in shapes.items())

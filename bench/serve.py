@@ -591,6 +591,7 @@ def headline(serve: dict, cold: dict | None) -> dict:
         big = max(r["m"] for r in rows)
         h["sim_m"] = big
         h["sim_speedup"] = {r["partition"]: r["speedup_vs_m1"] for r in rows if r["m"] == big}
+        h["sim_build_speedup"] = {r["partition"]: r["makespan_speedup_vs_m1"] for r in rows if r["m"] == big}
         h["sim_speedup_by_m"] = {r["partition"]: {str(x["m"]): x["speedup_vs_m1"] for x in rows
                                                   if x["partition"] == r["partition"]}
                                  for r in rows}
@@ -625,13 +626,13 @@ def parse_args(argv=None):
     ap.add_argument("--rate-window", type=float, default=12.0,
                     help="seconds of arrivals per sweep point (requests = rate x window, clamped)")
     ap.add_argument("--n-rate-min", type=int, default=8)
-    ap.add_argument("--n-rate-max", type=int, default=48)
+    ap.add_argument("--n-rate-max", type=int, default=160)
     ap.add_argument("--rates-x", type=float, nargs="+",
                     default=[0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
                     help="the rate ladder, as multiples of full recompute's service rate")
     ap.add_argument("--slo-x", type=float, default=3.0, help="SLO = this x full recompute's p50 TTFT")
     ap.add_argument("--cold-tokens", type=int, default=8192)
-    ap.add_argument("--cold-reps", type=int, default=3)
+    ap.add_argument("--cold-reps", type=int, default=5)
     ap.add_argument("--sim-tokens", type=int, default=32768)
     ap.add_argument("--sim-m", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--no-sweep", action="store_true")
@@ -751,7 +752,8 @@ def print_closing(h: dict, wall: float) -> None:
             f"(seed 1.66x); {', '.join(f'{m} {q:.3f}' for m, q in h['qps_at_slo'].items())} req/s")
     if "cold_speedup_m2" in h:
         log(f"  cold speedup with m = 2 scatter workers (measured): x{h['cold_speedup_m2']:.2f}")
-        log(f"  SIMULATED m = {h['sim_m']}: " + ", ".join(f"{k} x{v:.2f}" for k, v in h["sim_speedup"].items())
+        log(f"  SIMULATED m = {h['sim_m']}: TTFT " + ", ".join(f"{k} x{v:.2f}" for k, v in h["sim_speedup"].items())
+            + "; builds " + ", ".join(f"{k} x{v:.2f}" for k, v in h["sim_build_speedup"].items())
             + " (seed: LPT 3.6x vs 2.4x)")
     log(f"  total wall time {wall/60:.1f} min")
 
