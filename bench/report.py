@@ -76,7 +76,7 @@ def render(serve: dict, cold: dict | None) -> str:
         f"k = {wl['k'][0]}–{wl['k'][1]} documents with Zipf popularity (s = {wl['zipf_s']:g}) in random order, "
         f"cut to a prompt budget of {wl['max_prompt_tokens']} tokens, plus a "
         f"question: {tr['segments_mean']:.1f} segments and {tr['prompt_tokens_mean']:.0f} tokens per prompt on "
-        f"average (k drawn {tr['k_drawn_mean']:.1f} on average). Summarization: 2–4 documents of "
+        f"average (k drawn: {tr['k_drawn_mean']:.1f} on average, of which the budget kept {tr['segments_mean']:.1f}). Summarization: 2–4 documents of "
         f"{wl['summ_tokens'][0]}–{wl['summ_tokens'][1]} tokens from a pool of {wl['summ_pool']}. Agent: per "
         "session a fixed set of tool descriptions, the memory files retrieved for the turn (Zipf, random "
         "order) and the session's last earlier turns. Every request decodes "
@@ -105,7 +105,8 @@ def render(serve: dict, cold: dict | None) -> str:
             out.append(f"| {name} | {LABELS[mode]}{err} | {ms(s['ttft_p50_s'])} | {ms(s['ttft_p90_s'])} | "
                        f"{ms(s['ttft_p99_s'])} | {s['itl_mean_s'] * 1e3:.1f} | {s['throughput_rps']:.2f} | "
                        f"{s['output_tok_s']:.1f} | {pct(s['hit_rate'])} | {tiers(s['hits_by_tier'])} |")
-    out += ["", "p99 of this few requests per point is close to the maximum.", ""]
+    ns = [d["modes"]["full"]["n"] for d in serve["closed"].values()]
+    out += ["", f"With {min(ns)}–{max(ns)} requests per shape and mode, p99 is close to the maximum.", ""]
     sw = serve.get("sweep")
     if sw:
         out += [
@@ -137,7 +138,10 @@ def render(serve: dict, cold: dict | None) -> str:
             lb = " (≥: never missed)" if d["lower_bound"] else ""
             out.append(f"| {LABELS[mode]} | " + " | ".join(cells) +
                        f" | {d['interpolated_qps']:.3f}{lb} | {d['measured_qps']:.3f} |")
-        out += ["", "Cells: p90 TTFT (ms) at that rate, ✓ meets the SLO, ✗ misses it; empty: not run."]
+        out += ["", "Cells: p90 TTFT (ms) at that rate, ✓ meets the SLO, ✗ misses it; empty: not run. A p90 over "
+                f"{p['n_rate_min']} or a few tens of requests on a machine shared with other jobs is noisy (curves need not be monotonic); "
+                "the brackets of full recompute and prefix cache, a few tenths of a req/s apart, move between "
+                "runs, and so does the ratio."]
         byx = {m: sw["modes"][m].get("by_slo_x", {}) for m in MODES}
         xs_ = list(byx["hypic"])
         if len(xs_) > 1:

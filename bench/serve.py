@@ -623,9 +623,9 @@ def parse_args(argv=None):
     ap.add_argument("--n-agent", type=int, default=12)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--rate-window", type=float, default=12.0,
+    ap.add_argument("--rate-window", type=float, default=15.0,
                     help="seconds of arrivals per sweep point (requests = rate x window, clamped)")
-    ap.add_argument("--n-rate-min", type=int, default=8)
+    ap.add_argument("--n-rate-min", type=int, default=10)
     ap.add_argument("--n-rate-max", type=int, default=160)
     ap.add_argument("--rates-x", type=float, nargs="+",
                     default=[0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0],
