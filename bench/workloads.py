@@ -178,6 +178,17 @@ def poisson_arrivals(rng: random.Random, rate: float | None, n: int) -> list[flo
 
 # ---- shapes ----------------------------------------------------------------------------------
 
+def _within_budget(picked: Sequence[Document], max_prompt_tokens: int, query_tokens: int = 4) -> list[Document]:
+    """The context budget cuts the list (in order); if every document is over it alone, the
+    shortest one is kept."""
+    kept, total = [], query_tokens
+    for d in picked:
+        if total + d.n_tokens <= max_prompt_tokens:
+            kept.append(d)
+            total += d.n_tokens
+    return kept or [min(picked, key=lambda d: d.n_tokens)]
+
+
 def rag_trace(corpus: Sequence[Document], n: int, seed: int, rate: float | None = None,
               k: tuple[int, int] = (4, 32), zipf_s: float = 1.0, max_prompt_tokens: int = 4096,
               popularity: Popularity | None = None, popularity_seed: int = 0) -> Trace:
@@ -191,16 +202,7 @@ def rag_trace(corpus: Sequence[Document], n: int, seed: int, rate: float | None 
         k_drawn = rng.randint(*k)
         picked = [corpus[j] for j in pop.draw(rng, k_drawn)]
         rng.shuffle(picked)  # random order: the retriever's order differs request to request
-        query_budget = 4
-        kept, total = [], query_budget
-        for d in picked:  # the context budget cuts the list
-            if total + d.n_tokens > max_prompt_tokens:
-                continue
-            kept.append(d)
-            total += d.n_tokens
-        if not kept:  # every drawn document is over the budget alone: take the shortest, cut
-            d = min(picked, key=lambda d: d.n_tokens)
-            kept = [d]
+        kept = _within_budget(picked, max_prompt_tokens)
         about = rng.choice(kept)
         query = ("<q>", "find", rng.choice(about.keys), "<a>")
         reqs.append(Request(i, arrivals[i], [d.words for d in kept], query, [d.id for d in kept],
@@ -222,12 +224,7 @@ def summarization_trace(pool: Sequence[Document], n: int, seed: int, rate: float
         k_drawn = rng.randint(*k)
         picked = [pool[j] for j in pop.draw(rng, k_drawn)]
         rng.shuffle(picked)
-        kept, total = [], 4
-        for d in picked:
-            if total + d.n_tokens <= max_prompt_tokens:
-                kept.append(d)
-                total += d.n_tokens
-        kept = kept or [min(picked, key=lambda d: d.n_tokens)]
+        kept = _within_budget(picked, max_prompt_tokens)
         names = sorted({nm for d in kept for nm in d.names}) or list(NAMES)
         query = ("<q>", "count", rng.choice(names), "<a>")
         reqs.append(Request(i, arrivals[i], [d.words for d in kept], query, [d.id for d in kept],

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from common.engine import HybridEngine
-from common.pic.reuse import _linear_body, apply_T, run_warmup
-from kernels.linear_attn import linear_attention
+from common.pic.reuse import _linear_body, run_warmup
+from kernels.linear_attn import compose, linear_attention
 from tiny import PIC_CONFIGS, save_tiny
 
 ARCHS = ["qwen3_5_text", "kimi_linear", "nemotron_h"]
@@ -42,7 +42,7 @@ def test_composed_state_equals_full_run(mixer, lengths, fresh_seed):
         if S is None:
             S = torch.zeros_like(body.S)
             conv = torch.zeros(1, mixer.conv_inputs(x).shape[-1], mixer.conv_kernel - 1)
-        S = apply_T(body.T, body.form, run_warmup(mixer, body, S, conv)) + body.S
+        S = compose(body.summary, run_warmup(mixer, body, S, conv))
         conv = torch.cat([conv, body.conv_tail], -1)[..., -(mixer.conv_kernel - 1):]
     assert rel(S, S_full) < 1e-5
     # the earlier segments still matter at the end (else the test would prove nothing)
@@ -57,5 +57,5 @@ def test_composed_state_equals_full_run(mixer, lengths, fresh_seed):
         body = _linear_body(mixer, x, x.shape[1], w=0)
         S0 = torch.zeros_like(body.S) if S_nopatch is None else S_nopatch
         S_zero_conv = run_warmup(mixer, body, S0, torch.zeros(1, conv.shape[1], mixer.conv_kernel - 1))
-        S_nopatch = apply_T(body.T, body.form, S_zero_conv) + body.S
+        S_nopatch = compose(body.summary, S_zero_conv)
     assert rel(S_nopatch, S_full) > 100 * max(rel(S, S_full), 1e-7)

@@ -96,7 +96,9 @@ def test_scatter_killed_before_and_during_a_request(mesh, engine):
         _, ref_tokens = reference(engine, segs, query, 4)
         res = c.generate(segments=segs, query=query, max_tokens=4, stream=False)
         assert res.tokens == ref_tokens
-        assert all(t.worker != "" or t.source == "local" for t in res.timings.trace)
+        dead_worker = f"scatter@{mesh['scatter0'].address}"
+        assert all(t.source in ("scatter", "local") for t in res.timings.trace)
+        assert not any(t.worker == dead_worker for t in res.timings.trace), res.timings.trace
         mesh.restart("scatter0")
         # killed while a cold request is being built
         segs, query = docs(4, [300] * 16), [1, 2, 3]

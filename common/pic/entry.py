@@ -28,6 +28,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from common.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
+from kernels.linear_attn import Summary
 
 MAGIC = b"HYPE"
 FORMAT_VERSION = 1
@@ -51,6 +52,10 @@ class LinearBody:
     S: torch.Tensor  # [1, H, K, V] zero-start end state of the cached span (fp32)
     conv_tail: torch.Tensor | None  # [1, C, <= kernel-1] conv inputs of the body's last tokens
     warmup_inputs: torch.Tensor | None  # [1, n_warm, D] mixer inputs of the warm-up tokens
+
+    @property
+    def summary(self) -> Summary:
+        return Summary(self.T, self.S, self.form)
 
 
 @dataclass

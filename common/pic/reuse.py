@@ -25,36 +25,17 @@ import torch.nn.functional as F
 from common.models.base import ForwardContext
 from common.pic.entry import AttentionBody, LinearBody, SegmentEntry
 from common.state import AttentionLayerState, LinearLayerState, ModelState
-from kernels.linear_attn import linear_attention
-from kernels.linear_attn.chunk import chunk_with_transition
-from kernels.linear_attn.naive import DELTA_FAMILIES
+from kernels.linear_attn import Summary, compose, linear_attention, segment_summary, summary_form
 
 
-# -- transition operators ------------------------------------------------------------------------
-def span_summary(family: str, k, v, g, beta) -> tuple[torch.Tensor, str, torch.Tensor]:
-    """(T, form, S) of a token span fed to a linear layer (fp32, structured T)."""
-    delta = family in DELTA_FAMILIES
-    _, S, T = chunk_with_transition(None, k, v, g=g, beta=beta if (delta or beta is not None) else None, delta=delta)
-    form = "matrix" if delta else ("vector" if T.dim() == 3 else "scalar")
-    return T, form, S
-
-
+# -- transition operators: kernels.linear_attn (segment_summary, compose) -------------------------
 def identity_T(form: str, B: int, H: int, K: int, device) -> torch.Tensor:
+    """T of an empty span (a body shorter than its conv warm-up)."""
     if form == "matrix":
         return torch.eye(K, device=device).expand(B, H, K, K).clone()
     if form == "vector":
         return torch.ones(B, H, K, device=device)
     return torch.ones(B, H, device=device)
-
-
-def apply_T(T: torch.Tensor, form: str, S: torch.Tensor) -> torch.Tensor:
-    """T . S for a structured T (fp32)."""
-    S = S.float()
-    if form == "scalar":
-        return T[..., None, None] * S
-    if form == "vector":
-        return T[..., None] * S
-    return T @ S
 
 
 def _conv_cat(tail: torch.Tensor, new: torch.Tensor | None, width: int) -> torch.Tensor:
@@ -102,21 +83,16 @@ def _linear_body(mixer, x: torch.Tensor, L: int, w: int) -> LinearBody:
     H, K = k.shape[2], k.shape[3]
     if warm_end < L:
         sl = slice(warm_end, L)
-        T, form, S = span_summary(mixer.family, k[:, sl], v[:, sl], _sl(g, sl), _sl(beta, sl))
+        summ = segment_summary(mixer.family, k[:, sl], v[:, sl], g=_sl(g, sl), beta=_sl(beta, sl))
+        T, form, S = summ.T, summ.form, summ.S
     else:
-        form = _form_of(mixer.family, g)
+        form = summary_form(mixer.family)
         T = identity_T(form, 1, H, K, k.device)
         S = torch.zeros(1, H, K, v.shape[-1], device=k.device)
     u = mixer.conv_inputs(x)  # [1, L, C]
     conv_tail = u[:, max(w, L - (c - 1)) :].transpose(1, 2).contiguous() if L > w and c > 1 else None
     warm = x[:, w:warm_end].contiguous() if warm_end > w else None
     return LinearBody(T=T.contiguous(), form=form, S=S.contiguous(), conv_tail=conv_tail, warmup_inputs=warm)
-
-
-def _form_of(family: str, g) -> str:
-    if family in DELTA_FAMILIES:
-        return "matrix"
-    return "vector" if g is not None and g.dim() == 4 else "scalar"
 
 
 def _sl(t, sl):
@@ -162,10 +138,10 @@ def apply_body(model, state: ModelState, entry: SegmentEntry, start: int, naive:
             if naive:
                 S0 = torch.zeros_like(body.S)
                 S_w = run_warmup(mixer, body, S0, None if conv_before is None else torch.zeros_like(conv_before))
-                S_new = S_run + apply_T(body.T, body.form, S_w) + body.S
+                S_new = S_run + compose(body.summary, S_w)
             else:
                 S_w = run_warmup(mixer, body, S_run, conv_before)
-                S_new = apply_T(body.T, body.form, S_w) + body.S
+                S_new = compose(body.summary, S_w)
             conv = _conv_cat(conv_before, body.conv_tail, c - 1) if conv_before is not None else body.conv_tail
             layers[i] = LinearLayerState(conv, S_new)
         elif isinstance(body, AttentionBody):
@@ -277,14 +253,14 @@ class SeamPlan:
             g = g.masked_fill(pad.view(n, wmax, *([1] * (g.dim() - 2))), 0)
         if beta is not None:
             beta = beta.masked_fill(pad[:, :, None], 0)
-        T_seam, form, S_seam = span_summary(mixer.family, k, v, g, beta)
+        seams = segment_summary(mixer.family, k, v, g=g, beta=beta)
         running = torch.zeros_like(bodies[0].S)
         incoming = []
         for j, body in enumerate(bodies):
             incoming.append(running)
-            running = apply_T(T_seam[j : j + 1], form, running) + S_seam[j : j + 1]
+            running = compose(Summary(seams.T[j : j + 1], seams.S[j : j + 1], seams.form), running)
             running = run_warmup(mixer, body, running, conv_after_seam[j])
-            running = apply_T(body.T, body.form, running) + body.S
+            running = compose(body.summary, running)
         o, _ = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=torch.cat(incoming, 0),
                                 scale=mixer.scale)
         y = mixer.output(o, aux, x.dtype)  # [n, wmax, D]
