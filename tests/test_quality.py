@@ -59,6 +59,30 @@ def test_generator_is_deterministic_and_matches_the_tokenizer():
     assert T.eval_prompt("retrieval", 0)[0].docs != T.eval_prompt("retrieval", 1)[0].docs
 
 
+def test_update_prompts_restate_the_asked_key_later():
+    from bench.quality import tasks as T
+
+    n_restated = set()
+    for i in range(200):
+        world, q = T.eval_prompt("update", i)
+        key = q.words[2]
+        assert q.words == ["<q>", "find", key, "<a>"]
+        hist = world.history[key]
+        docs = [d for d, _ in hist]
+        values = [v for _, v in hist]
+        n_restated.add(len(hist))
+        # stated first in one document, then restated in strictly later ones, each time with a new value
+        assert len(hist) >= 2 and docs == sorted(set(docs)) and len(set(values)) == len(values)
+        assert q.answer == [values[-1]] == [world.facts[key]]
+        for d, doc in enumerate(world.docs):
+            stated = [doc[j + 1] for j in range(len(doc) - 2) if doc[j] == key and doc[j + 2] == "."]
+            assert stated == ([values[docs.index(d)]] if d in docs else []), (i, d)
+    assert n_restated == {2, 3}
+    # the other tasks' prompts restate nothing, so their answers are the only statement of the key
+    for task in ("retrieval", "two_hop", "aggregation"):
+        assert all(not T.eval_prompt(task, i)[0].history for i in range(50))
+
+
 def test_published_json_is_consistent(published):
     from bench.quality.eval import load_engine
 
@@ -100,3 +124,34 @@ def test_replay_matches_published(published, one_thread):
                 mismatches.append((task, i, mode, want, got))
     assert not mismatches, f"{len(mismatches)} replayed predictions differ from quality.json: {mismatches[:5]}"
     assert near_ties <= 3, f"{near_ties} near-tie flips"
+
+
+def test_training_prompts_answer_find_with_the_last_statement():
+    """With update queries in the mix, every `find` in a training prompt (retrieval or update) is
+    answered with the value of the key's last statement, at every curriculum level."""
+    import random
+
+    from bench.quality import tasks as T
+
+    cur = T.Curriculum()
+    mix = {"retrieval": 0.25, "two_hop": 0.25, "aggregation": 0.25, "update": 0.25}
+    n_restated_asked = 0
+    for level in range(len(cur.levels)):
+        for i in range(40):
+            rng = random.Random(1000 * level + i)
+            n_docs, filler = cur.sample(rng, level)
+            words, targets = T.train_sequence(rng, n_docs, filler, mix=mix)
+            docs_end = words.index("<q>")
+            last: dict[str, str] = {}
+            count: dict[str, int] = {}
+            for j in range(docs_end - 2):
+                if words[j + 2] == "." and words[j] in T.KEYS:
+                    last[words[j]] = words[j + 1]
+                    count[words[j]] = count.get(words[j], 0) + 1
+            for pos, answer, task in targets:
+                if words[pos - 2] == "find":
+                    key = words[pos - 1]
+                    assert answer == last[key], (level, i, key)
+                    n_restated_asked += count[key] > 1
+                    assert task != "update" or count[key] > 1
+    assert n_restated_asked > 100

@@ -261,6 +261,27 @@ def assert_matches(ans: Answer, ref_logits, ref_tokens, n_segments: int) -> None
     assert ans.token_ids == ref_tokens
 
 
+def compositions(service: Service) -> tuple[float, float]:
+    """combine_compositions_total for order "layer" and "segment" (0 before the first)."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{service.info['metrics_port']}/metrics",
+                                  timeout=10).read().decode()
+    found = {"layer": 0.0, "segment": 0.0}
+    for line in body.splitlines():
+        for order in found:
+            if line.startswith(f'combine_compositions_total{{order="{order}"}} '):
+                found[order] = float(line.split()[-1])
+    return found["layer"], found["segment"]
+
+
+def executed_line(service: Service, request_id: str) -> dict:
+    """The "executed" log line of one request."""
+    lines = [json.loads(line) for line in service.log().splitlines()
+             if line.startswith("{") and '"event": "executed"' in line]
+    found = [d for d in lines if d.get("request_id") == request_id]
+    assert len(found) == 1, found
+    return found[0]
+
+
 async def health(target: str, service: str) -> int:
     async with grpc.aio.insecure_channel(target) as ch:
         r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
@@ -363,6 +384,112 @@ def test_combine_baseline_modes(mesh, engine):
     ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE,
                                                       temperature=0.8, top_k=20, seed=1234)))
     assert ans.token_ids == want
+
+
+# ---- composition order --------------------------------------------------------------------------
+def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
+    # many short segments (the agent shape), one shorter than the seam
+    segs, query = prompt(12, (14, 6, 23, 11, 17, 9))
+    n = len(segs)
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    # the same model, always segment-major; it loads while the cold request runs
+    seg_worker = mesh.start("combine-segment", "services.combine", "--model", str(model_dir),
+                            "--threads", "1", "--compose-order", "segment")
+    layer0, segment0 = compositions(mesh.combine)
+    cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER)))
+    assert_matches(cold, ref_logits, ref_tokens, n)  # and every entry is now in segcache
+
+    warm_plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE)
+    warm = arun(execute(mesh.combine.target, warm_plan, metadata=[("x-request-id", "rid-warm-layer")]))
+    assert_matches(warm, ref_logits, ref_tokens, n)
+    w = warm.timings[0]
+    assert w.hits == n and w.misses == 0
+    assert w.seams_s == 0 and w.compose_s > 0  # one pass: the seams are inside compose_s
+    assert compositions(mesh.combine) == (layer0 + 1, segment0 + 1)
+    assert executed_line(mesh.combine, "rid-warm-layer")["compose_order"] == "layer"
+
+    seg_worker.wait()
+    seg = arun(execute(seg_worker.target, warm_plan, metadata=[("x-request-id", "rid-warm-segment")]))
+    assert_matches(seg, ref_logits, ref_tokens, n)
+    assert seg.timings[0].hits == n and seg.timings[0].seams_s > 0
+    assert float((warm.logits - seg.logits).abs().max()) < TOL and warm.token_ids == seg.token_ids
+    assert executed_line(seg_worker, "rid-warm-segment")["compose_order"] == "segment"
+    assert seg_worker.terminate() == 0
+
+    # planned as all hits, but segcache never saw segment 3: scatter builds it, and the one
+    # layer-major pass runs once it is in
+    lost = prompt(13, (19,))[0]
+    segs2 = segs[:3] + lost + segs[3:]
+    ref_logits, ref_tokens = reference(engine, segs2, query)
+    ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs2, query, cpb.SOURCE_SEGCACHE)))
+    assert_matches(ans, ref_logits, ref_tokens, n + 1)
+    assert ans.sources() == [cpb.SOURCE_SEGCACHE] * 3 + [cpb.SOURCE_SCATTER] + [cpb.SOURCE_SEGCACHE] * 3
+    t = ans.timings[0]
+    assert t.hits == n and t.misses == 1 and t.seams_s == 0 and t.scatter_s > 0
+    assert compositions(mesh.combine) == (layer0 + 2, segment0 + 1)
+
+
+def test_combine_plan_with_misses_composes_segment_major(mesh, engine):
+    segs, query = prompt(14, (27, 12, 33))
+    fresh = prompt(15, (16,))[0]
+    layer0, segment0 = compositions(mesh.combine)
+    # all misses (built by scatter, and stored)
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER),
+                        metadata=[("x-request-id", "rid-cold-segment")]))
+    assert_matches(cold, ref_logits, ref_tokens, len(segs))
+    assert cold.timings[0].misses == len(segs) and cold.timings[0].seams_s > 0
+    assert executed_line(mesh.combine, "rid-cold-segment")["compose_order"] == "segment"
+    assert compositions(mesh.combine) == (layer0, segment0 + 1)
+    # hits and one planned miss: still composed as the entries arrive
+    segs2 = segs + fresh
+    plan = make_plan(engine, mesh, segs2, query, cpb.SOURCE_SEGCACHE)
+    plan.segments[-1].source = cpb.SOURCE_SCATTER
+    ref_logits, ref_tokens = reference(engine, segs2, query)
+    ans = arun(execute(mesh.combine.target, plan))
+    assert_matches(ans, ref_logits, ref_tokens, len(segs2))
+    assert ans.sources() == [cpb.SOURCE_SEGCACHE] * 3 + [cpb.SOURCE_SCATTER]
+    assert ans.timings[0].hits == 3 and ans.timings[0].seams_s > 0
+    assert compositions(mesh.combine) == (layer0, segment0 + 2)
+
+
+def test_combine_naive_all_hits_stays_segment_major(mesh, engine):
+    segs, query = prompt(16, (24, 13, 30))
+    ref_logits, ref_tokens = reference(engine, segs, query, mode="naive")
+    layer0, segment0 = compositions(mesh.combine)
+    cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER,
+                                                       mode=rpb.PREFILL_MODE_NAIVE)))
+    assert_matches(cold, ref_logits, ref_tokens, len(segs))
+    # the seam-0 entries are in segcache now; layer-major would add them with T, not naively
+    warm = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE,
+                                                       mode=rpb.PREFILL_MODE_NAIVE),
+                        metadata=[("x-request-id", "rid-warm-naive")]))
+    assert_matches(warm, ref_logits, ref_tokens, len(segs))
+    assert warm.timings[0].hits == len(segs)
+    assert compositions(mesh.combine) == (layer0, segment0 + 2)
+    assert executed_line(mesh.combine, "rid-warm-naive")["compose_order"] == "segment"
+
+
+def test_compose_order_config(monkeypatch, capsys):
+    from common.rpc.config import ConfigError, load_config
+    from services.combine.__main__ import main
+    from services.combine.config import ENV_PREFIX, CombineConfig
+
+    model = ["--model", "some-model-dir"]
+
+    def load(argv=(), **env) -> CombineConfig:
+        return load_config(CombineConfig, [*model, *argv], env=env, env_prefix=ENV_PREFIX)
+
+    assert load().compose_order == "auto"
+    assert load(HYPIC_COMBINE_COMPOSE_ORDER="segment").compose_order == "segment"
+    assert load(["--compose-order", "auto"], HYPIC_COMBINE_COMPOSE_ORDER="segment").compose_order == "auto"
+    with pytest.raises(ConfigError, match=r"HYPIC_COMBINE_COMPOSE_ORDER.*\('auto', 'segment'\), not 'layer'"):
+        load(HYPIC_COMBINE_COMPOSE_ORDER="layer")
+    # the worker refuses to start (before loading any model) and says why
+    monkeypatch.setenv("HYPIC_COMBINE_COMPOSE_ORDER", "Segment")
+    assert main(model) == 2
+    err = capsys.readouterr().err
+    assert "configuration error" in err and "compose_order" in err and "'Segment'" in err
 
 
 # A scatter worker killed mid-stream: it sends the header and half the bytes, then exits.

@@ -10,9 +10,15 @@ segment `<q> TASK ARG <a>` whose answer is one token:
                                                  document; the answer spells the bridge key, then
                                                  the value (both must be right)
     <q> count Maro <a>   -> 3                    aggregation: how many documents mention a name
+    <q> find dorap <a>   -> lesa                 update: dorap was stated in several documents with
+                                                 different values; the answer is the last one (the
+                                                 documents are read in order, later ones revise
+                                                 earlier ones, as in a log or a versioned record)
 
-Facts are `KEY VALUE .` with single-token keys, each key stated once per prompt. A two-hop chain is
-a fact `K1 K2 .` in one document and `K2 V .` in another. Names are single tokens scattered in the
+Facts are `KEY VALUE .` with single-token keys. Outside the update task a key is stated once per
+prompt; an updated key is restated with a new value in 1-2 later documents (`facts` holds the
+value of its last statement). A two-hop chain is a fact `K1 K2 .` in one document and `K2 V .` in
+another. Names are single tokens scattered in the
 filler, at most once per document, mentioned by 0-4 documents. Answers are one token (retrieval,
 aggregation) or two (two-hop: the bridge key, then its value, decoded one after the other).
 
@@ -28,7 +34,8 @@ from pathlib import Path
 
 # -- the language ------------------------------------------------------------------------------
 SPECIALS = ["<pad>", "<unk>", "<doc>", "<q>", "<a>", "<eos>"]
-TASK_WORDS = {"retrieval": "find", "two_hop": "chain", "aggregation": "count"}
+# the update task asks with retrieval's word: "find" always means the key's current (last) value
+TASK_WORDS = {"retrieval": "find", "two_hop": "chain", "aggregation": "count", "update": "find"}
 TASKS = tuple(TASK_WORDS)
 PUNCT = ["."]
 DIGITS = [str(i) for i in range(10)]
@@ -70,7 +77,7 @@ def _build_language():
 
 
 FILLER_WORDS, KEYS, VALUES, NAMES = _build_language()
-WORDS = SPECIALS + list(TASK_WORDS.values()) + PUNCT + DIGITS + FILLER_WORDS + KEYS + VALUES + NAMES
+WORDS = SPECIALS + list(dict.fromkeys(TASK_WORDS.values())) + PUNCT + DIGITS + FILLER_WORDS + KEYS + VALUES + NAMES
 
 
 # -- prompts -----------------------------------------------------------------------------------
@@ -90,6 +97,7 @@ class World:
     fact_doc: dict[str, int]  # key -> index of the document stating it
     chains: list[tuple[str, str, str]]  # (k1, k2, value): k1 -> k2 in one doc, k2 -> value in another
     name_counts: dict[str, int]  # name -> number of documents mentioning it (absent names: 0)
+    history: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # updated key -> [(doc, value)]
     queries: list[Query] = field(default_factory=list)
 
     @property
@@ -98,9 +106,11 @@ class World:
 
 
 def make_world(rng: random.Random, n_docs: int, filler: tuple[int, int], facts: tuple[int, int] = (2, 4),
-               mentions: tuple[int, int] = (1, 3), chains: bool = True) -> World:
+               mentions: tuple[int, int] = (1, 3), chains: bool = True, updates: tuple[int, int] = (0, 0)) -> World:
     """`n_docs` documents with `facts` facts, `mentions` name mentions and `filler` filler words each
-    (and two-hop chains between documents unless chains=False)."""
+    (and two-hop chains between documents unless chains=False); `updates` keys (not chain keys)
+    are restated with new values in 1-2 later documents. With updates=(0, 0) no random number is
+    drawn for them, so the prompts of the other tasks are those of the generator without updates."""
     n_facts = [rng.randint(*facts) for _ in range(n_docs)]
     keys = rng.sample(KEYS, sum(n_facts))
     fact_doc: dict[str, int] = {}
@@ -131,6 +141,21 @@ def make_world(rng: random.Random, n_docs: int, filler: tuple[int, int], facts: 
             used.update((k1, k2))
             facts_map[k1] = k2
             chain_list.append((k1, k2, facts_map[k2]))
+    # updates: a key of an earlier document restated, with a value it has not had, in later ones
+    restated: list[list[list[str]]] = [[] for _ in range(n_docs)]
+    history: dict[str, list[tuple[int, str]]] = {}
+    if updates[1] > 0 and n_docs >= 2:
+        in_chain = {k for c in chain_list for k in c[:2]}
+        pool = [k for k in keys if k not in in_chain and fact_doc[k] < n_docs - 1]
+        for k in rng.sample(pool, min(len(pool), rng.randint(*updates))):
+            later = list(range(fact_doc[k] + 1, n_docs))
+            hist = [(fact_doc[k], facts_map[k])]
+            for d in sorted(rng.sample(later, min(len(later), rng.randint(1, 2)))):
+                v = rng.choice([v for v in VALUES if v not in {h[1] for h in hist}])
+                hist.append((d, v))
+                restated[d].append([k, v, "."])
+            facts_map[k] = hist[-1][1]
+            history[k] = hist
     # names: each mentioned by 1..MAX_COUNT documents, at most once per document
     slots = [rng.randint(*mentions) for _ in range(n_docs)]
     names = rng.sample(NAMES, len(NAMES))
@@ -146,20 +171,28 @@ def make_world(rng: random.Random, n_docs: int, filler: tuple[int, int], facts: 
         name_counts[name] = c
     docs = []
     for d in range(n_docs):
-        items: list[list[str]] = [[k, facts_map[k], "."] for k in per_doc[d]] + [[n] for n in doc_names[d]]
+        items: list[list[str]] = [[k, history[k][0][1] if k in history else facts_map[k], "."] for k in per_doc[d]]
+        items += restated[d] + [[n] for n in doc_names[d]]
         items += [[w] for w in rng.choices(FILLER_WORDS, k=rng.randint(*filler))]
         # keep the items of a fact together; shuffle everything else around them
         rng.shuffle(items)
         docs.append(["<doc>"] + [w for item in items for w in item])
-    return World(docs, facts_map, fact_doc, chain_list, name_counts)
+    return World(docs, facts_map, fact_doc, chain_list, name_counts, history)
 
 
 def make_query(rng: random.Random, world: World, task: str, train: bool = False) -> Query:
     w = TASK_WORDS[task]
     if task == "retrieval":
         heads = {c[0] for c in world.chains}
-        pool = list(world.facts) if train else [k for k in world.facts if k not in heads]
+        pool = list(world.facts) if train else [k for k in world.facts if k not in heads and k not in world.history]
         k = rng.choice(pool)
+        return Query(task, ["<q>", w, k, "<a>"], [world.facts[k]])
+    if task == "update":
+        if not world.history:  # a small training world may have no key to restate (all in chains)
+            if train:
+                return make_query(rng, world, "retrieval", train=True)
+            raise ValueError("an update query needs a world with restated keys")
+        k = rng.choice(sorted(world.history))
         return Query(task, ["<q>", w, k, "<a>"], [world.facts[k]])
     if task == "two_hop":
         k1, k2, v = rng.choice(world.chains)
@@ -182,13 +215,14 @@ def make_query(rng: random.Random, world: World, task: str, train: bool = False)
 EVAL_SEED = 7_000_003
 EVAL_DOCS = 8
 EVAL_FILLER = (34, 54)  # words per document: 8 documents, ~450 tokens in all
+EVAL_UPDATES = (1, 3)  # keys restated in the update task's prompts (one of them is asked)
 
 
 def eval_prompt(task: str, index: int, seed: int = EVAL_SEED, n_docs: int = EVAL_DOCS,
                 filler: tuple[int, int] = EVAL_FILLER) -> tuple[World, Query]:
     """Held-out prompt `index` of `task` (its own seed stream, disjoint from training)."""
     rng = random.Random(seed * 1_000_003 + TASKS.index(task) * 100_003 + index)
-    world = make_world(rng, n_docs, filler)
+    world = make_world(rng, n_docs, filler, updates=EVAL_UPDATES if task == "update" else (0, 0))
     return world, make_query(rng, world, task)
 
 
@@ -236,10 +270,13 @@ def train_sequence(rng: random.Random, n_docs: int, filler: tuple[int, int], n_q
     """Documents then many queries; returns the words and, for every answer token, (position
     whose next-token prediction is that token, answer word, task). A query is not repeated while
     unasked ones of its task remain (a repeat could be answered by copying the earlier answer)."""
-    simple = mix.get("two_hop", 0) == 0 and mix.get("aggregation", 0) == 0
+    simple = all(mix.get(t, 0) == 0 for t in TASKS if t != "retrieval")
     # retrieval alone (the first curriculum level): no chains, no names, queries drawn with
-    # replacement -- the plain associative-recall setting in which the jump came soonest
-    world = make_world(rng, n_docs, filler, mentions=(0, 0) if simple else (1, 3), chains=not simple)
+    # replacement -- the plain associative-recall setting in which the jump came soonest.
+    # Restated keys only when update queries are in the mix (so that earlier mixes' batches stay
+    # what they were); retrieval queries may then ask for a restated key too, with its last value.
+    upd = (2, 6) if mix.get("update", 0) > 0 else (0, 0)
+    world = make_world(rng, n_docs, filler, mentions=(0, 0) if simple else (1, 3), chains=not simple, updates=upd)
     words = [w for d in world.docs for w in d]
     targets = []
     tasks, weights = zip(*mix.items())

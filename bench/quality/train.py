@@ -7,8 +7,8 @@ dense MLP) with the Mamba2-style gate initialisation that makes it learn here (s
 ENVIRONMENT.md): dt log-uniform in [1e-3, 1e-1], dt_bias = dt + log(-expm1(-dt)), A ~ U(0, 16),
 A_log = log(A). Dense supervision (24-32 queries per prompt, loss on every answer token), a
 curriculum over the number of documents and the filler (tasks.Curriculum: up a level once the
-retrieval answers of the current one are right, forced up from 40% of the steps so that the
-evaluation's level is reached by 75%), AdamW, warm-up then cosine decay. The batch of step s is
+retrieval answers of the current one are right, forced up from 60% of the steps so that the
+evaluation's level is reached by 85%), AdamW, warm-up then cosine decay. The batch of step s is
 generated from (seed, s, level), so a run resumed from a checkpoint (every --ckpt-every steps under
 --work; the curriculum state is in it) continues exactly.
 
@@ -19,6 +19,11 @@ retrieval queries only, for it; the other two tasks join from level 1.
 
 At the end it writes a Hugging Face checkpoint (save_pretrained) with the tokenizer, the loss
 curve and the training log to --out (models/hypic-tiny-qwen35 by default).
+
+Stages: `--init DIR` starts from a checkpoint this script wrote (its weights and tokenizer, a fresh
+optimiser and learning-rate schedule) and appends a stage to its training log, so that the log,
+the loss curve and the README show the whole history. The bundled model is stage 1 (the three
+tasks from scratch) followed by stage 2 (the update task added, at the evaluation's level).
 """
 from __future__ import annotations
 
@@ -144,7 +149,7 @@ def save_checkpoint(path: Path, model, opt, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def plot_curve(history: list[dict], evals: list[dict], out: Path) -> None:
+def plot_curve(history: list[dict], evals: list[dict], out: Path, stage_steps: list[int] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,15 +170,33 @@ def plot_curve(history: list[dict], evals: list[dict], out: Path) -> None:
     ax[0].legend()
     ax[0].set_title("training loss")
     for i, task in enumerate(T.TASKS):
-        ax[1].plot([e["step"] for e in evals], [100 * e[task] for e in evals], marker="o", ms=3, label=task)
+        pts = [(e["step"], 100 * e[task]) for e in evals if task in e]
+        if pts:
+            ax[1].plot(*zip(*pts), marker="o", ms=3, label=task)
     ax[1].set_xlabel("step")
     ax[1].set_ylabel("held-out accuracy, % (8 docs, quick check)")
     ax[1].set_ylim(0, 100)
     ax[1].legend()
     ax[1].set_title("held-out accuracy during training")
+    edge = 0
+    for n in list(stage_steps)[:-1]:  # where a stage ends and the next begins
+        edge += n
+        for a in ax:
+            a.axvline(edge, color="0.5", ls=":", lw=1)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def prior_stages(init: Path | None) -> dict:
+    """Stages, history and evals of the checkpoint `--init` starts from (empty for a run from scratch).
+    A log written before stages existed is one stage."""
+    if init is None:
+        return {"stages": [], "history": [], "evals": []}
+    log = json.loads((init / "training_log.json").read_text())
+    stages = log.get("stages") or [{k: log[k] for k in ("command", "seed", "steps", "batch", "lr", "wall_s", "tokens",
+                                                          "threads")}]
+    return {"stages": stages, "history": log["history"], "evals": log["evals"]}
 
 
 def export(model, tokenizer, out: Path, state: dict, args, command: str) -> None:
@@ -182,21 +205,29 @@ def export(model, tokenizer, out: Path, state: dict, args, command: str) -> None
     model.save_pretrained(str(out), safe_serialization=True)
     tokenizer.save_pretrained(str(out))
     n_params = sum(p.numel() for p in model.parameters())
+    stage = {"command": command, "seed": args.seed, "steps": state["step"], "batch": args.batch, "lr": args.lr,
+             "wall_s": state["wall_s"], "tokens": state["tokens"], "threads": args.threads,
+             "init": str(args.init) if args.init else None, "mix": state.get("mix"), "level": args.level,
+             "start_level": args.start_level, "promote_task": args.promote_task}
+    stages = state["prior"]["stages"] + [stage]
+    history = state["prior"]["history"] + state["history"]
+    evals = state["prior"]["evals"] + state["evals"]
     log = {
-        "command": command,
+        "command": " && ".join(s["command"] for s in stages),
         "seed": args.seed,
-        "steps": state["step"],
+        "steps": sum(s["steps"] for s in stages),
         "batch": args.batch,
         "lr": args.lr,
-        "wall_s": state["wall_s"],
-        "tokens": state["tokens"],
+        "wall_s": sum(s["wall_s"] for s in stages),
+        "tokens": sum(s["tokens"] for s in stages),
         "n_params": n_params,
         "threads": args.threads,
-        "history": state["history"],
-        "evals": state["evals"],
+        "stages": stages,
+        "history": history,
+        "evals": evals,
     }
     (out / "training_log.json").write_text(json.dumps(log, indent=1) + "\n")
-    plot_curve(state["history"], state["evals"], out / "loss_curve.png")
+    plot_curve(history, evals, out / "loss_curve.png", [s["steps"] for s in stages])
 
 
 def main(argv=None) -> int:
@@ -211,11 +242,16 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/hypic-train"))
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--resume", action="store_true", help="continue from --work/ckpt.pt")
+    ap.add_argument("--init", type=Path, default=None,
+                    help="start a new stage from this checkpoint (written by this script) instead of from scratch")
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--mix", nargs="*", help="task weights, e.g. retrieval=1 two_hop=0 (experiments)")
     ap.add_argument("--level", type=int, default=None, help="fix the curriculum level (experiments)")
     ap.add_argument("--promote-at", type=float, default=0.85,
-                    help="curriculum: next level once the retrieval accuracy (EMA) reaches this")
+                    help="curriculum: next level once the --promote-task accuracy (EMA) reaches this")
+    ap.add_argument("--promote-task", default="retrieval", choices=T.TASKS,
+                    help="curriculum: the task whose answers decide when to move up a level")
+    ap.add_argument("--start-level", type=int, default=0, help="curriculum: the level to start from")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--max-minutes", type=float, default=60.0, help="stop (and export) after this much training time")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -224,20 +260,27 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     args.work.mkdir(parents=True, exist_ok=True)
-    tok_dir = args.work / "tokenizer"
+    tok_dir = args.init if args.init else args.work / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
         T.train_tokenizer(tok_dir)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     ids = T.word_ids(tokenizer)
-    model = build_model(len(tokenizer), {w: ids[w] for w in T.SPECIALS}, args.seed)
+    if args.init:
+        from transformers import Qwen3_5ForCausalLM
+
+        model = Qwen3_5ForCausalLM.from_pretrained(str(args.init), dtype=torch.float32)
+    else:
+        model = build_model(len(tokenizer), {w: ids[w] for w in T.SPECIALS}, args.seed)
+    prior = prior_stages(args.init)  # read now: --out may be --init and is overwritten at the end
     n_params = sum(p.numel() for p in model.parameters())
     dev = torch.device(args.device)
     model.to(dev).train()
     opt = torch.optim.AdamW(param_groups(model, args.wd), lr=args.lr, betas=(0.9, 0.98))
     state = {"step": 0, "wall_s": 0.0, "tokens": 0, "history": [], "evals": [], "level": 0, "level_steps": 0,
-             "acc_ema": 0.0}
+             "acc_ema": 0.0, "prior": prior}
+    state["level"] = args.start_level
     ckpt = args.work / "ckpt.pt"
     if args.resume and ckpt.exists():
         blob = torch.load(ckpt, map_location=dev, weights_only=False)
@@ -253,6 +296,8 @@ def main(argv=None) -> int:
         for item in args.mix:
             task, w = item.split("=")
             mix[task] = float(w)
+    state["mix"] = mix
+    offset = sum(s["steps"] for s in state["prior"]["stages"])  # steps of earlier stages, for the log
 
     from tqdm import tqdm
 
@@ -282,11 +327,11 @@ def main(argv=None) -> int:
         state["wall_s"] += time.perf_counter() - t0
         state["tokens"] += ntok
         state["step"] = step + 1
-        state["history"].append({"step": step + 1, "loss": float(loss.detach()), "wall_s": round(state["wall_s"], 2),
+        state["history"].append({"step": offset + step + 1, "loss": float(loss.detach()), "wall_s": round(state["wall_s"], 2),
                                  "gnorm": float(gnorm), **{f"acc_{t}": a for t, a in per_task.items()}})
-        # move up a level once retrieval is answered at this one (EMA of the per-token accuracy)
-        if per_task["retrieval"] is not None:
-            state["acc_ema"] = 0.9 * state["acc_ema"] + 0.1 * per_task["retrieval"]
+        # move up a level once the promotion task is answered at this one (EMA of the per-token accuracy)
+        if per_task[args.promote_task] is not None:
+            state["acc_ema"] = 0.9 * state["acc_ema"] + 0.1 * per_task[args.promote_task]
         state["level_steps"] += 1
         if (state["acc_ema"] >= args.promote_at and state["level_steps"] >= 20
                 and state["level"] < len(cur.levels) - 1):
@@ -299,16 +344,16 @@ def main(argv=None) -> int:
         bar.update(1)
         if state["step"] % args.eval_every == 0 or state["step"] == args.steps:
             acc = heldout_accuracy(model, ids)
-            state["evals"].append({"step": state["step"], "wall_s": round(state["wall_s"], 1), **acc})
+            state["evals"].append({"step": offset + state["step"], "wall_s": round(state["wall_s"], 1), **acc})
             print(f"\n[eval] step {state['step']} {state['wall_s'] / 60:.1f} min: "
                   + " ".join(f"{t} {100 * a:.1f}%" for t, a in acc.items()), flush=True)
         if state["step"] % args.ckpt_every == 0:
             save_checkpoint(ckpt, model, opt, state)
     bar.close()
     save_checkpoint(ckpt, model, opt, state)
-    if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
+    if not state["evals"] or state["evals"][-1]["step"] != offset + state["step"]:
         acc = heldout_accuracy(model, ids)
-        state["evals"].append({"step": state["step"], "wall_s": round(state["wall_s"], 1), **acc})
+        state["evals"].append({"step": offset + state["step"], "wall_s": round(state["wall_s"], 1), **acc})
     command = os.environ.get("HYPIC_TRAIN_COMMAND") or "python -m bench.quality.train " + " ".join(
         shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     export(model.cpu(), tokenizer, args.out, state, args, command)

@@ -37,7 +37,8 @@ def load_engine(cfg: CombineConfig):
 def warmup(engine) -> None:
     """One tiny hypic prompt: first-call costs (allocator, kernels) are not a request's."""
     ids = [i % engine.vocab_size for i in range(24)]
-    engine.prefill_segments([ids[:12], ids[12:]], ids[:4], mode="hypic", seam=4)
+    for order in ("segment", "layer"):  # plans with misses, and warm plans (all hits)
+        engine.prefill_segments([ids[:12], ids[12:]], ids[:4], mode="hypic", seam=4, order=order)
 
 
 async def serve(cfg: CombineConfig) -> None:

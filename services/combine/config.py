@@ -14,6 +14,7 @@ from typing import Optional
 ENV_PREFIX = "HYPIC_COMBINE_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
+COMPOSE_ORDERS = ("auto", "segment")
 
 
 def _h(text: str) -> dict:
@@ -33,6 +34,10 @@ class CombineConfig:
     max_prompt_tokens: int = field(default=131072, metadata=_h("segments + query, at most"))
     max_new_tokens: int = field(default=4096, metadata=_h("largest max_tokens accepted"))
     warmup: bool = field(default=True, metadata=_h("run one small prompt before serving"))
+    compose_order: str = field(default="auto", metadata=_h(
+        "auto: a hypic plan whose segments are all segcache hits waits for every entry and "
+        "composes them in one layer-major pass; other plans compose segment by segment as "
+        "entries arrive | segment: always segment by segment"))
     # --- network -------------------------------------------------------------------------
     host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
     port: int = field(default=50081, metadata=_h("gRPC port; 0 = ephemeral"))
@@ -74,6 +79,9 @@ class CombineConfig:
             self.port_file = Path(self.port_file)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+        if self.compose_order not in COMPOSE_ORDERS:
+            raise ValueError(f"compose_order (--compose-order, {ENV_PREFIX}COMPOSE_ORDER) must be "
+                             f"one of {COMPOSE_ORDERS}, not {self.compose_order!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port out of range: {self.port}")
         if self.max_message_bytes < 64 * 1024:

@@ -11,8 +11,9 @@ from prometheus_client import Counter, Gauge, Histogram
 from common.rpc.metrics import LATENCY_BUCKETS
 
 # stage: fetch (one segcache read), build (one scatter/local build wait), compose (body
-# composition of one segment), seams (seam recompute of one segment), query_prefill,
-# decode_token, ttft, total (one request).
+# composition of one segment), seams (seam recompute of one segment), compose_layer_major (one
+# layer-major pass over every segment: seams and bodies interleave there, so it is not split),
+# query_prefill, decode_token, ttft, total (one request).
 STAGE_SECONDS = Histogram("combine_stage_seconds", "Latency of each stage of an Execute",
                           ["stage"], buckets=LATENCY_BUCKETS)
 # source: where the segment really came from (segcache, scatter, local); via: nixl | grpc | local.
@@ -21,6 +22,10 @@ SEGMENTS = Counter("combine_segments", "Segments composed, by the source actuall
 # what: segcache | scatter; reason: miss, unavailable, checksum, mismatch, error ...
 FALLBACKS = Counter("combine_fallbacks", "Fetches or builds that failed and were done elsewhere",
                     ["what", "reason"])
+# order: segment (each segment once it and those before it are in hand) | layer (one layer-major
+# pass once every entry is in); hypic and naive requests only.
+COMPOSITIONS = Counter("combine_compositions", "Prompt states composed from entries, by order",
+                       ["order"])
 REQUESTS = Counter("combine_requests", "Execute calls by mode and outcome", ["mode", "outcome"])
 TOKENS = Counter("combine_generated_tokens", "Tokens generated")
 IN_FLIGHT = Gauge("combine_in_flight", "Execute calls in progress")

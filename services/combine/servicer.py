@@ -23,7 +23,7 @@ import structlog
 import torch
 
 from common.engine import pick_token  # the sampler engine.generate uses
-from common.pic import compose_segment, prefill_segments
+from common.pic import compose_segment, prefill_layer_major, prefill_segments
 from common.pic.entry import dtype_name, segment_key
 from common.rpc.log import new_request_id
 from hypic.v1 import combine_pb2 as pb
@@ -193,11 +193,13 @@ class CombineServicer(pb_grpc.CombineServicer):
         self.in_flight += 1
         m.IN_FLIGHT.inc()
         outcome = "error"
+        order = self._compose_order(mode, plan)
         try:
             # 1. the prompt state: composed from entries, or recomputed (baselines)
-            if mode in ("hypic", "naive"):
+            if order is not None:
                 state = self.engine.new_state()
-                async for ev in self._compose(ctx, plan, segs, keys, tasks, timings, t_start):
+                async for ev in self._compose(ctx, plan, segs, keys, tasks, timings, t_start,
+                                              layer_major=order == "layer"):
                     if isinstance(ev, pb.SegmentReady):
                         yield pb.CombineEvent(segment=ev)
                     else:
@@ -238,8 +240,8 @@ class CombineServicer(pb_grpc.CombineServicer):
                 await asyncio.wait(ctx.background, timeout=wait_s)
             timings.total_s = time.perf_counter() - t_start
             m.STAGE_SECONDS.labels("total").observe(timings.total_s)
-            log.info("executed", mode=mode, segments=timings.segments, hits=timings.hits,
-                     misses=timings.misses, prompt_tokens=timings.prompt_tokens,
+            log.info("executed", mode=mode, compose_order=order, segments=timings.segments,
+                     hits=timings.hits, misses=timings.misses, prompt_tokens=timings.prompt_tokens,
                      ttft_s=round(timings.ttft_s, 6), total_s=round(timings.total_s, 6))
             yield pb.CombineEvent(timings=timings)
             outcome = "ok"
@@ -267,64 +269,93 @@ class CombineServicer(pb_grpc.CombineServicer):
             m.REQUESTS.labels(mode, outcome).inc()
 
     # ---- stages -----------------------------------------------------------------------------
+    def _compose_order(self, mode: str, plan: pb.Plan) -> str | None:
+        """"layer", "segment", or None when the mode recomputes instead of composing."""
+        if mode not in ("hypic", "naive"):
+            return None
+        # Layer-major is faster (all seams go through each layer together) but can only start
+        # once the last entry is in. Segcache hits arrive together, so nothing is lost waiting
+        # for them; scatter builds arrive one by one, and composing the early ones meanwhile is
+        # what hides the later builds. Naive adds states without seams or T: segment-major only.
+        if (self.cfg.compose_order == "auto" and mode == "hypic"
+                and all(s.source == pb.SOURCE_SEGCACHE for s in plan.segments)):
+            return "layer"
+        return "segment"
+
     async def _compose(self, ctx: RequestCtx, plan: pb.Plan, segs: list[list[int]], keys: list[str],
-                       tasks: list[asyncio.Task], timings: rpb.Timings, t_start: float):
-        """Start every segment's fetch at once; compose segment i as soon as it and all before
-        it are in hand. Yields a SegmentReady per segment as it arrives (any order) and, last,
-        the composed state."""
+                       tasks: list[asyncio.Task], timings: rpb.Timings, t_start: float,
+                       layer_major: bool):
+        """Start every segment's fetch at once. Segment-major: compose segment i as soon as it
+        and all before it are in hand. Layer-major: once every entry is in (even if some turned
+        out to be misses after all), compose them all in one pass. Yields a SegmentReady per
+        segment as it arrives (any order) and, last, the composed state."""
         arrivals: asyncio.Queue[int] = asyncio.Queue()
         for i, (seg, key, ids) in enumerate(zip(plan.segments, keys, segs)):
             t = asyncio.create_task(acquire(ctx, i, seg, key, ids), name=f"segment-{i}")
             t.add_done_callback(lambda _t, i=i: arrivals.put_nowait(i))
             tasks.append(t)
         naive = plan.mode == rpb.PREFILL_MODE_NAIVE  # entries with seam 0, added without T
+        n = len(segs)
         state = self.engine.new_state()
         ready: dict[int, Acquired] = {}
-        last_arrival = last_scatter = t_start
-        for nxt in range(len(segs)):
-            while True:  # take every arrival so far; wait only while segment nxt is missing
+        nxt = 0  # the next segment to compose
+        while nxt < n:
+            while True:  # take every arrival so far; wait only while there is nothing to compose
                 try:
                     i = arrivals.get_nowait()
                 except asyncio.QueueEmpty:
-                    if nxt in ready:
+                    if (len(ready) == n) if layer_major else (nxt in ready):
                         break
                     try:
                         i = await asyncio.wait_for(arrivals.get(), ctx.deadline.left())
                     except asyncio.TimeoutError:
                         raise DeadlineExceeded("deadline exceeded") from None
-                try:
-                    a = tasks[i].result()
-                except (DeadlineExceeded, asyncio.CancelledError):
-                    raise
-                except Exception as e:  # only a local build can fail here: nothing else to try
-                    log.exception("segment could not be built", index=i)
-                    raise _Abort(grpc.StatusCode.INTERNAL,
-                                 f"segment {i} could not be built: {type(e).__name__}: {e}") from None
-                ready[i] = a
-                last_arrival = max(last_arrival, a.arrived)
-                if a.source == pb.SOURCE_SEGCACHE:
-                    timings.hits += 1
-                    if a.tier:
-                        timings.hits_by_tier[a.tier] = timings.hits_by_tier.get(a.tier, 0) + 1
-                else:
-                    timings.misses += 1
-                    if a.source == pb.SOURCE_SCATTER:
-                        last_scatter = max(last_scatter, a.arrived)
-                m.SEGMENTS.labels(SOURCES[a.source], "nixl" if a.via_nixl else
-                                  "local" if a.source == pb.SOURCE_LOCAL else "grpc").inc()
+                ready[i] = a = self._arrived(tasks[i], i, timings, t_start)
                 yield pb.SegmentReady(index=i, source=a.source, tier=a.tier, fetch_s=a.fetch_s,
                                       build_s=a.build_s, tokens=len(segs[i]), worker=a.worker,
                                       via_nixl=a.via_nixl)
-            entry = ready.pop(nxt).entry
             ctx.deadline.left()
-            state, compose_s, seams_s = await self.run(self._compose_one, state, entry, naive)
-            timings.compose_s += compose_s
-            timings.seams_s += seams_s
-            m.STAGE_SECONDS.labels("compose").observe(compose_s)
-            m.STAGE_SECONDS.labels("seams").observe(seams_s)
-        timings.transfer_s = last_arrival - t_start
-        timings.scatter_s = last_scatter - t_start
+            if layer_major:
+                state, compose_s = await self.run(self._compose_all,
+                                                  [ready[j].entry for j in range(n)])
+                # Seams and bodies interleave layer by layer in this pass, so it is not split:
+                # all of it is compose_s, and seams_s stays 0.
+                timings.compose_s += compose_s
+                m.STAGE_SECONDS.labels("compose_layer_major").observe(compose_s)
+                nxt = n
+            else:
+                state, compose_s, seams_s = await self.run(self._compose_one, state,
+                                                           ready.pop(nxt).entry, naive)
+                timings.compose_s += compose_s
+                timings.seams_s += seams_s
+                m.STAGE_SECONDS.labels("compose").observe(compose_s)
+                m.STAGE_SECONDS.labels("seams").observe(seams_s)
+                nxt += 1
+        m.COMPOSITIONS.labels("layer" if layer_major else "segment").inc()
         yield state
+
+    def _arrived(self, task: asyncio.Task, i: int, timings: rpb.Timings, t_start: float) -> Acquired:
+        """Segment i's entry, now in hand, counted into the timings and metrics."""
+        try:
+            a = task.result()
+        except (DeadlineExceeded, asyncio.CancelledError):
+            raise
+        except Exception as e:  # only a local build can fail here: nothing else to try
+            log.exception("segment could not be built", index=i)
+            raise _Abort(grpc.StatusCode.INTERNAL,
+                         f"segment {i} could not be built: {type(e).__name__}: {e}") from None
+        timings.transfer_s = max(timings.transfer_s, a.arrived - t_start)
+        if a.source == pb.SOURCE_SEGCACHE:
+            timings.hits += 1
+            if a.tier:
+                timings.hits_by_tier[a.tier] = timings.hits_by_tier.get(a.tier, 0) + 1
+        else:
+            timings.misses += 1
+            if a.source == pb.SOURCE_SCATTER:
+                timings.scatter_s = max(timings.scatter_s, a.arrived - t_start)
+        m.SEGMENTS.labels(SOURCES[a.source], "nixl" if a.via_nixl else
+                          "local" if a.source == pb.SOURCE_LOCAL else "grpc").inc()
+        return a
 
     def _compose_one(self, state, entry, naive: bool):
         """Engine thread: extend the state by one segment (seam recompute + cached body)."""
@@ -333,6 +364,12 @@ class CombineServicer(pb_grpc.CombineServicer):
         state = compose_segment(timer, state, entry, naive=naive)
         total = time.perf_counter() - t
         return state, total - timer.seconds, timer.seconds
+
+    def _compose_all(self, entries: list):
+        """Engine thread: every segment in one layer-major pass, from an empty state."""
+        t = time.perf_counter()
+        state = prefill_layer_major(self.engine, entries)
+        return state, time.perf_counter() - t
 
     @torch.inference_mode()
     def _query(self, query: list[int], state):
