@@ -142,6 +142,15 @@ def render(serve: dict, cold: dict | None) -> str:
                 f"{p['n_rate_min']} or a few tens of requests on a machine shared with other jobs is noisy (curves need not be monotonic); "
                 "the brackets of full recompute and prefix cache, a few tenths of a req/s apart, move between "
                 "runs, and so does the ratio."]
+        failed = [(m, x) for m in MODES for x in sw["modes"][m]["points"] if x.get("errors")]
+        if failed:
+            why = sorted({e.split(" (request")[0] for _, x in failed for e in x.get("errors_sample", [])})
+            out[-1] += (" ∞: some requests of that point failed (" + ", ".join(
+                f"{LABELS[m]} at {x['rate']:.2f} req/s: {x['errors']} of {x['n']}" for m, x in failed) + ")"
+                + (f" — {'; '.join(why)}" if why else
+                   " — past the highest passing rate, where the router's admission control turns requests "
+                   "away with RESOURCE_EXHAUSTED once max_in_flight are queued (this run did not record the "
+                   "messages; a rerun at 3–6× full's rate that did showed only those)") + "; the point misses the SLO.")
         byx = {m: sw["modes"][m].get("by_slo_x", {}) for m in MODES}
         xs_ = list(byx["hypic"])
         if len(xs_) > 1:

@@ -404,10 +404,12 @@ def rate_sweep(mesh: Mesh, enc: Encoder, wl: dict, closed: dict, replay: PrefixR
                              ttft_p90_s=s["ttft_p90_s"] if not s["errors"] else math.inf,
                              ttft_p99_s=s["ttft_p99_s"], itl_mean_s=s["itl_mean_s"],
                              throughput_rps=s["throughput_rps"], hit_rate=s["hit_rate"],
-                             hits_by_tier=s["hits_by_tier"], errors=s["errors"], wall_s=wall, meets_slo=ok)
+                             hits_by_tier=s["hits_by_tier"], errors=s["errors"],
+                             errors_sample=s["errors_sample"], wall_s=wall, meets_slo=ok)
             log(f"  {LABELS[mode]:<15} rate {rate:6.3f} req/s ({len(trace):>2} req)  TTFT p50 "
                 f"{s['ttft_p50_s']*1e3:7.0f}  p90 {s['ttft_p90_s']*1e3:7.0f} ms  "
-                f"{'meets' if ok else 'MISSES'} SLO  ({wall:.1f} s)")
+                f"{'meets' if ok else 'MISSES'} SLO  ({wall:.1f} s)"
+                + (f"  ERRORS {s['errors']}: {s['errors_sample'][:1]}" if s["errors"] else ""))
             return ok
 
         if run(start):
