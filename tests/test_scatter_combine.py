@@ -261,16 +261,16 @@ def assert_matches(ans: Answer, ref_logits, ref_tokens, n_segments: int) -> None
     assert ans.token_ids == ref_tokens
 
 
-def compositions(service: Service) -> tuple[float, float]:
-    """combine_compositions_total for order "layer" and "segment" (0 before the first)."""
+def compositions(service: Service) -> tuple[float, float, float]:
+    """combine_compositions_total for order "layer", "mixed" and "segment" (0 before the first)."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{service.info['metrics_port']}/metrics",
                                   timeout=10).read().decode()
-    found = {"layer": 0.0, "segment": 0.0}
+    found = {"layer": 0.0, "mixed": 0.0, "segment": 0.0}
     for line in body.splitlines():
         for order in found:
             if line.startswith(f'combine_compositions_total{{order="{order}"}} '):
                 found[order] = float(line.split()[-1])
-    return found["layer"], found["segment"]
+    return found["layer"], found["mixed"], found["segment"]
 
 
 def executed_line(service: Service, request_id: str) -> dict:
@@ -395,7 +395,7 @@ def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
     # the same model, always segment-major; it loads while the cold request runs
     seg_worker = mesh.start("combine-segment", "services.combine", "--model", str(model_dir),
                             "--threads", "1", "--compose-order", "segment")
-    layer0, segment0 = compositions(mesh.combine)
+    layer0, mixed0, segment0 = compositions(mesh.combine)
     cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER)))
     assert_matches(cold, ref_logits, ref_tokens, n)  # and every entry is now in segcache
 
@@ -405,7 +405,7 @@ def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
     w = warm.timings[0]
     assert w.hits == n and w.misses == 0
     assert w.seams_s == 0 and w.compose_s > 0  # one pass: the seams are inside compose_s
-    assert compositions(mesh.combine) == (layer0 + 1, segment0 + 1)
+    assert compositions(mesh.combine) == (layer0 + 1, mixed0, segment0 + 1)
     assert executed_line(mesh.combine, "rid-warm-layer")["compose_order"] == "layer"
 
     seg_worker.wait()
@@ -426,13 +426,12 @@ def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
     assert ans.sources() == [cpb.SOURCE_SEGCACHE] * 3 + [cpb.SOURCE_SCATTER] + [cpb.SOURCE_SEGCACHE] * 3
     t = ans.timings[0]
     assert t.hits == n and t.misses == 1 and t.seams_s == 0 and t.scatter_s > 0
-    assert compositions(mesh.combine) == (layer0 + 2, segment0 + 1)
+    assert compositions(mesh.combine) == (layer0 + 2, mixed0, segment0 + 1)
 
 
 def test_combine_plan_with_misses_composes_segment_major(mesh, engine):
     segs, query = prompt(14, (27, 12, 33))
-    fresh = prompt(15, (16,))[0]
-    layer0, segment0 = compositions(mesh.combine)
+    layer0, mixed0, segment0 = compositions(mesh.combine)
     # all misses (built by scatter, and stored)
     ref_logits, ref_tokens = reference(engine, segs, query)
     cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER),
@@ -440,23 +439,37 @@ def test_combine_plan_with_misses_composes_segment_major(mesh, engine):
     assert_matches(cold, ref_logits, ref_tokens, len(segs))
     assert cold.timings[0].misses == len(segs) and cold.timings[0].seams_s > 0
     assert executed_line(mesh.combine, "rid-cold-segment")["compose_order"] == "segment"
-    assert compositions(mesh.combine) == (layer0, segment0 + 1)
-    # hits and one planned miss: still composed as the entries arrive
-    segs2 = segs + fresh
+    assert compositions(mesh.combine) == (layer0, mixed0, segment0 + 1)
+    # a planned miss first: nothing to compose layer-major before it, so all as they arrive
+    fresh0, fresh1 = prompt(15, (16, 21))[0]
+    segs2 = [fresh0] + segs
     plan = make_plan(engine, mesh, segs2, query, cpb.SOURCE_SEGCACHE)
-    plan.segments[-1].source = cpb.SOURCE_SCATTER
+    plan.segments[0].source = cpb.SOURCE_SCATTER
     ref_logits, ref_tokens = reference(engine, segs2, query)
-    ans = arun(execute(mesh.combine.target, plan))
+    ans = arun(execute(mesh.combine.target, plan, metadata=[("x-request-id", "rid-miss-first")]))
     assert_matches(ans, ref_logits, ref_tokens, len(segs2))
-    assert ans.sources() == [cpb.SOURCE_SEGCACHE] * 3 + [cpb.SOURCE_SCATTER]
+    assert ans.sources() == [cpb.SOURCE_SCATTER] + [cpb.SOURCE_SEGCACHE] * 3
     assert ans.timings[0].hits == 3 and ans.timings[0].seams_s > 0
-    assert compositions(mesh.combine) == (layer0, segment0 + 2)
+    assert executed_line(mesh.combine, "rid-miss-first")["compose_order"] == "segment"
+    assert compositions(mesh.combine) == (layer0, mixed0, segment0 + 2)
+    # hits, a planned miss, a hit: the leading two hits in one layer-major pass, then the miss
+    # and the last hit segment by segment (their seams are recomputed: seams_s > 0)
+    segs3 = segs[:2] + [fresh1] + segs[2:]
+    plan = make_plan(engine, mesh, segs3, query, cpb.SOURCE_SEGCACHE)
+    plan.segments[2].source = cpb.SOURCE_SCATTER
+    ref_logits, ref_tokens = reference(engine, segs3, query)
+    ans = arun(execute(mesh.combine.target, plan, metadata=[("x-request-id", "rid-mixed")]))
+    assert_matches(ans, ref_logits, ref_tokens, len(segs3))
+    assert ans.sources() == [cpb.SOURCE_SEGCACHE] * 2 + [cpb.SOURCE_SCATTER, cpb.SOURCE_SEGCACHE]
+    assert ans.timings[0].hits == 3 and ans.timings[0].seams_s > 0
+    assert executed_line(mesh.combine, "rid-mixed")["compose_order"] == "mixed"
+    assert compositions(mesh.combine) == (layer0, mixed0 + 1, segment0 + 2)
 
 
 def test_combine_naive_all_hits_stays_segment_major(mesh, engine):
     segs, query = prompt(16, (24, 13, 30))
     ref_logits, ref_tokens = reference(engine, segs, query, mode="naive")
-    layer0, segment0 = compositions(mesh.combine)
+    layer0, mixed0, segment0 = compositions(mesh.combine)
     cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER,
                                                        mode=rpb.PREFILL_MODE_NAIVE)))
     assert_matches(cold, ref_logits, ref_tokens, len(segs))
@@ -466,7 +479,7 @@ def test_combine_naive_all_hits_stays_segment_major(mesh, engine):
                         metadata=[("x-request-id", "rid-warm-naive")]))
     assert_matches(warm, ref_logits, ref_tokens, len(segs))
     assert warm.timings[0].hits == len(segs)
-    assert compositions(mesh.combine) == (layer0, segment0 + 2)
+    assert compositions(mesh.combine) == (layer0, mixed0, segment0 + 2)
     assert executed_line(mesh.combine, "rid-warm-naive")["compose_order"] == "segment"
 
 

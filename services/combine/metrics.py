@@ -23,7 +23,8 @@ SEGMENTS = Counter("combine_segments", "Segments composed, by the source actuall
 FALLBACKS = Counter("combine_fallbacks", "Fetches or builds that failed and were done elsewhere",
                     ["what", "reason"])
 # order: segment (each segment once it and those before it are in hand) | layer (one layer-major
-# pass once every entry is in); hypic and naive requests only.
+# pass once every entry is in) | mixed (one layer-major pass over the plan's leading run of hits,
+# then segment by segment); hypic and naive requests only.
 COMPOSITIONS = Counter("combine_compositions", "Prompt states composed from entries, by order",
                        ["order"])
 REQUESTS = Counter("combine_requests", "Execute calls by mode and outcome", ["mode", "outcome"])

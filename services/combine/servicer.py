@@ -193,13 +193,12 @@ class CombineServicer(pb_grpc.CombineServicer):
         self.in_flight += 1
         m.IN_FLIGHT.inc()
         outcome = "error"
-        order = self._compose_order(mode, plan)
+        order, lead = self._compose_order(mode, plan)
         try:
             # 1. the prompt state: composed from entries, or recomputed (baselines)
             if order is not None:
                 state = self.engine.new_state()
-                async for ev in self._compose(ctx, plan, segs, keys, tasks, timings, t_start,
-                                              layer_major=order == "layer"):
+                async for ev in self._compose(ctx, plan, segs, keys, tasks, timings, t_start, lead):
                     if isinstance(ev, pb.SegmentReady):
                         yield pb.CombineEvent(segment=ev)
                     else:
@@ -269,26 +268,32 @@ class CombineServicer(pb_grpc.CombineServicer):
             m.REQUESTS.labels(mode, outcome).inc()
 
     # ---- stages -----------------------------------------------------------------------------
-    def _compose_order(self, mode: str, plan: pb.Plan) -> str | None:
-        """"layer", "segment", or None when the mode recomputes instead of composing."""
+    def _compose_order(self, mode: str, plan: pb.Plan) -> tuple[str | None, int]:
+        """(order, lead): the first `lead` segments are composed in one layer-major pass, the
+        rest segment by segment. order is "layer" (lead = all), "mixed" (a leading run of hits,
+        then segment-major), "segment" (lead = 0), or None when the mode recomputes instead."""
         if mode not in ("hypic", "naive"):
-            return None
+            return None, 0
         # Layer-major is faster (all seams go through each layer together) but can only start
-        # once the last entry is in. Segcache hits arrive together, so nothing is lost waiting
-        # for them; scatter builds arrive one by one, and composing the early ones meanwhile is
-        # what hides the later builds. Naive adds states without seams or T: segment-major only.
-        if (self.cfg.compose_order == "auto" and mode == "hypic"
-                and all(s.source == pb.SOURCE_SEGCACHE for s in plan.segments)):
-            return "layer"
-        return "segment"
+        # once its last entry is in. Segcache hits arrive together, so nothing is lost waiting
+        # for the plan's leading run of hits; scatter builds arrive one by one, and composing
+        # early segments meanwhile is what hides the later builds, so from the first planned
+        # miss on it is segment-major. Naive adds states without seams or T: segment-major only.
+        if self.cfg.compose_order != "auto" or mode != "hypic":
+            return "segment", 0
+        lead = 0
+        while lead < len(plan.segments) and plan.segments[lead].source == pb.SOURCE_SEGCACHE:
+            lead += 1
+        if lead == len(plan.segments):
+            return "layer", lead
+        return ("mixed", lead) if lead >= 2 else ("segment", 0)
 
     async def _compose(self, ctx: RequestCtx, plan: pb.Plan, segs: list[list[int]], keys: list[str],
-                       tasks: list[asyncio.Task], timings: rpb.Timings, t_start: float,
-                       layer_major: bool):
-        """Start every segment's fetch at once. Segment-major: compose segment i as soon as it
-        and all before it are in hand. Layer-major: once every entry is in (even if some turned
-        out to be misses after all), compose them all in one pass. Yields a SegmentReady per
-        segment as it arrives (any order) and, last, the composed state."""
+                       tasks: list[asyncio.Task], timings: rpb.Timings, t_start: float, lead: int):
+        """Start every segment's fetch at once. The first `lead` segments: once they are all in
+        hand (even if some turned out to be misses after all), one layer-major pass. Every
+        other segment: composed as soon as it and all before it are in hand. Yields a
+        SegmentReady per segment as it arrives (any order) and, last, the composed state."""
         arrivals: asyncio.Queue[int] = asyncio.Queue()
         for i, (seg, key, ids) in enumerate(zip(plan.segments, keys, segs)):
             t = asyncio.create_task(acquire(ctx, i, seg, key, ids), name=f"segment-{i}")
@@ -304,7 +309,7 @@ class CombineServicer(pb_grpc.CombineServicer):
                 try:
                     i = arrivals.get_nowait()
                 except asyncio.QueueEmpty:
-                    if (len(ready) == n) if layer_major else (nxt in ready):
+                    if all(j in ready for j in range(nxt, max(nxt + 1, lead))):
                         break
                     try:
                         i = await asyncio.wait_for(arrivals.get(), ctx.deadline.left())
@@ -315,14 +320,14 @@ class CombineServicer(pb_grpc.CombineServicer):
                                       build_s=a.build_s, tokens=len(segs[i]), worker=a.worker,
                                       via_nixl=a.via_nixl)
             ctx.deadline.left()
-            if layer_major:
+            if nxt < lead:  # nxt == 0: the leading run, from the empty state
                 state, compose_s = await self.run(self._compose_all,
-                                                  [ready[j].entry for j in range(n)])
+                                                  [ready.pop(j).entry for j in range(lead)])
                 # Seams and bodies interleave layer by layer in this pass, so it is not split:
-                # all of it is compose_s, and seams_s stays 0.
+                # all of it is compose_s, and it adds nothing to seams_s.
                 timings.compose_s += compose_s
                 m.STAGE_SECONDS.labels("compose_layer_major").observe(compose_s)
-                nxt = n
+                nxt = lead
             else:
                 state, compose_s, seams_s = await self.run(self._compose_one, state,
                                                            ready.pop(nxt).entry, naive)
@@ -331,7 +336,7 @@ class CombineServicer(pb_grpc.CombineServicer):
                 m.STAGE_SECONDS.labels("compose").observe(compose_s)
                 m.STAGE_SECONDS.labels("seams").observe(seams_s)
                 nxt += 1
-        m.COMPOSITIONS.labels("layer" if layer_major else "segment").inc()
+        m.COMPOSITIONS.labels("layer" if lead == n else "mixed" if lead else "segment").inc()
         yield state
 
     def _arrived(self, task: asyncio.Task, i: int, timings: rpb.Timings, t_start: float) -> Acquired:
@@ -366,7 +371,7 @@ class CombineServicer(pb_grpc.CombineServicer):
         return state, total - timer.seconds, timer.seconds
 
     def _compose_all(self, entries: list):
-        """Engine thread: every segment in one layer-major pass, from an empty state."""
+        """Engine thread: these segments in one layer-major pass, from an empty state."""
         t = time.perf_counter()
         state = prefill_layer_major(self.engine, entries)
         return state, time.perf_counter() - t
