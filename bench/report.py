@@ -147,10 +147,8 @@ def render(serve: dict, cold: dict | None) -> str:
             why = sorted({e.split(" (request")[0] for _, x in failed for e in x.get("errors_sample", [])})
             out[-1] += (" ∞: some requests of that point failed (" + ", ".join(
                 f"{LABELS[m]} at {x['rate']:.2f} req/s: {x['errors']} of {x['n']}" for m, x in failed) + ")"
-                + (f" — {'; '.join(why)}" if why else
-                   " — past the highest passing rate, where the router's admission control turns requests "
-                   "away with RESOURCE_EXHAUSTED once max_in_flight are queued (this run did not record the "
-                   "messages; a rerun at 3–6× full's rate that did showed only those)") + "; the point misses the SLO.")
+                + (f" — {'; '.join(why)}" if why else " — their messages were not recorded")
+                + "; the point misses the SLO.")
         byx = {m: sw["modes"][m].get("by_slo_x", {}) for m in MODES}
         xs_ = list(byx["hypic"])
         if len(xs_) > 1:

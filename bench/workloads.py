@@ -189,24 +189,34 @@ def _within_budget(picked: Sequence[Document], max_prompt_tokens: int, query_tok
     return kept or [min(picked, key=lambda d: d.n_tokens)]
 
 
+def _document_trace(shape: str, docs: Sequence[Document], n: int, seed: int, rate: float | None,
+                    k: tuple[int, int], pop: Popularity, max_prompt_tokens: int, ask) -> list[Request]:
+    """n requests of k documents drawn by popularity, in random order (the retriever's order
+    differs request to request), cut to the budget; `ask(rng, kept)` writes the question."""
+    rng = random.Random(seed)
+    arrivals = poisson_arrivals(random.Random(seed * 7919 + 1), rate, n)
+    reqs = []
+    for i in range(n):
+        k_drawn = rng.randint(*k)
+        picked = [docs[j] for j in pop.draw(rng, k_drawn)]
+        rng.shuffle(picked)
+        kept = _within_budget(picked, max_prompt_tokens)
+        reqs.append(Request(i, arrivals[i], [d.words for d in kept], ask(rng, kept), [d.id for d in kept],
+                            k_drawn=k_drawn, shape=shape))
+    return reqs
+
+
 def rag_trace(corpus: Sequence[Document], n: int, seed: int, rate: float | None = None,
               k: tuple[int, int] = (4, 32), zipf_s: float = 1.0, max_prompt_tokens: int = 4096,
               popularity: Popularity | None = None, popularity_seed: int = 0) -> Trace:
     """n RAG requests over `corpus` (see the module docstring). The popularity ranks depend on
     `popularity_seed` only, so traces with different `seed`s share the same popular documents."""
     pop = popularity or Popularity(len(corpus), zipf_s, seed=popularity_seed)
-    rng = random.Random(seed)
-    arrivals = poisson_arrivals(random.Random(seed * 7919 + 1), rate, n)
-    reqs = []
-    for i in range(n):
-        k_drawn = rng.randint(*k)
-        picked = [corpus[j] for j in pop.draw(rng, k_drawn)]
-        rng.shuffle(picked)  # random order: the retriever's order differs request to request
-        kept = _within_budget(picked, max_prompt_tokens)
-        about = rng.choice(kept)
-        query = ("<q>", "find", rng.choice(about.keys), "<a>")
-        reqs.append(Request(i, arrivals[i], [d.words for d in kept], query, [d.id for d in kept],
-                            k_drawn=k_drawn, shape="rag"))
+
+    def ask(rng, kept):
+        return ("<q>", "find", rng.choice(rng.choice(kept).keys), "<a>")
+
+    reqs = _document_trace("rag", corpus, n, seed, rate, k, pop, max_prompt_tokens, ask)
     return Trace("rag", reqs, dict(seed=seed, rate=rate, k=list(k), zipf_s=zipf_s,
                                    max_prompt_tokens=max_prompt_tokens, corpus=len(corpus)))
 
@@ -216,19 +226,13 @@ def summarization_trace(pool: Sequence[Document], n: int, seed: int, rate: float
                         max_prompt_tokens: int = 4096, popularity_seed: int = 0) -> Trace:
     """Few long segments: k documents from a pool of long ones (build it with
     make_corpus(n, (768, 2048))), Zipf, random order, cut to the budget; an aggregation question."""
-    pop = Popularity(len(pool), zipf_s, seed=popularity_seed)
-    rng = random.Random(seed)
-    arrivals = poisson_arrivals(random.Random(seed * 7919 + 1), rate, n)
-    reqs = []
-    for i in range(n):
-        k_drawn = rng.randint(*k)
-        picked = [pool[j] for j in pop.draw(rng, k_drawn)]
-        rng.shuffle(picked)
-        kept = _within_budget(picked, max_prompt_tokens)
+
+    def ask(rng, kept):
         names = sorted({nm for d in kept for nm in d.names}) or list(NAMES)
-        query = ("<q>", "count", rng.choice(names), "<a>")
-        reqs.append(Request(i, arrivals[i], [d.words for d in kept], query, [d.id for d in kept],
-                            k_drawn=k_drawn, shape="summarization"))
+        return ("<q>", "count", rng.choice(names), "<a>")
+
+    reqs = _document_trace("summarization", pool, n, seed, rate, k, Popularity(len(pool), zipf_s, seed=popularity_seed),
+                           max_prompt_tokens, ask)
     return Trace("summarization", reqs, dict(seed=seed, rate=rate, k=list(k), zipf_s=zipf_s,
                                              max_prompt_tokens=max_prompt_tokens, pool=len(pool)))
 

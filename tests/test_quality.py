@@ -88,6 +88,9 @@ def test_published_json_is_consistent(published):
 
     assert published["fingerprint"] == load_engine(MODEL).fingerprint, "quality.json was computed for other weights"
     assert published["n_per_task"] >= 500
+    # the prefix-cache column reused half of every prompt's documents (not a recompute in disguise)
+    half = published["docs_per_prompt"] // 2
+    assert published["prefix_reused_segments"] == {"mean": half, "min": half, "max": half}
     for task in published["tasks"]:
         for mode in published["modes"]:
             bits = published["correct"][task][mode]

@@ -7,7 +7,9 @@ through `HybridEngine.prefill_segments` in each mode, then greedy decoding of as
 the answer has; a prompt counts when every decoded token is right.
 
     full        the whole prompt recomputed (the reference)
-    prefix      exact reuse of segment-aligned prefix states (prefix caching; exact by construction)
+    prefix      prefix caching: an earlier request with the first half of the documents left their
+                segment-aligned states in the cache; this one reuses them and computes the rest
+                (exact by construction; the reuse count is checked and recorded)
     naive       cached segment states added without T, no seams (the ablation)
     hypic_w{w}  Hypic with a seam window of w tokens, w in 0, 2, 4, 8, 16
 
@@ -82,8 +84,15 @@ def run_prompt(engine, segments, query, answer, modes=MODES, order: str = "layer
             record(name, engine.prefill_segments(segments, query, mode="full"))
         elif name == "prefix":
             engine.prefix_cache.clear()
-            record(name, engine.prefill_segments(segments, query, mode="prefix"))
+            half = len(segments) // 2
+            if half:  # the earlier request that shared the prompt's first documents
+                engine.prefill_segments(segments[:half], query, mode="prefix")
+            out = engine.prefill_segments(segments, query, mode="prefix")
             engine.prefix_cache.clear()
+            if out.extra["reused_segments"] != half:
+                raise RuntimeError(f"prefix cache reused {out.extra['reused_segments']} segments, expected {half}")
+            record(name, out)
+            res[name]["reused"] = half
         elif name == "naive":
             out = engine.prefill_segments(segments, query, entries=entries.get(0), mode="naive")
             entries.setdefault(0, out.extra["entries"])
@@ -144,10 +153,13 @@ def evaluate(model: Path, n: int, tasks=T.TASKS, modes=MODES, order: str = "laye
     per: dict = {t: {m: [] for m in modes} for t in tasks}
     detail: dict = {t: {m: [] for m in modes} for t in tasks}
     n_tokens: dict = {t: [] for t in tasks}
+    reused: list[int] = []
     for job, chunk_res in zip(jobs, results):
         task = job[0]
         for i, (ntok, res) in zip(range(job[1], job[2]), chunk_res):
             n_tokens[task].append(ntok)
+            if "prefix" in res:
+                reused.append(res["prefix"]["reused"])
             for m in modes:
                 per[task][m].append(int(res[m]["ok"]))
                 if i < DETAIL:
@@ -162,6 +174,8 @@ def evaluate(model: Path, n: int, tasks=T.TASKS, modes=MODES, order: str = "laye
         "delta_vs_full": {t: {m: acc[t][m] - acc[t]["full"] for m in modes} for t in tasks if "full" in modes},
         "prompt_tokens": {t: {"mean": sum(v) / len(v), "min": min(v), "max": max(v)} for t, v in n_tokens.items()},
         "correct": {t: {m: "".join(map(str, per[t][m])) for m in modes} for t in tasks},
+        "prefix_reused_segments": {"mean": sum(reused) / len(reused), "min": min(reused),
+                                   "max": max(reused)} if reused else None,
         "detail": detail,
         "eval_s": round(time.perf_counter() - t0, 1),
     }

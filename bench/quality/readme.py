@@ -70,7 +70,8 @@ def _stage_lines(log: dict) -> list[str]:
     out = []
     for i, st in enumerate(stages, 1):
         mix = st.get("mix")
-        what = ("the three tasks from scratch, with the curriculum below" if not st.get("init") else
+        train_tasks = ", ".join(t for t, w in T.TRAIN_MIX.items() if w > 0)
+        what = (f"from scratch with the curriculum below ({train_tasks})" if not st.get("init") else
                 f"from stage {i - 1}'s weights (fresh optimiser, warm-up then cosine decay), at the evaluation's "
                 f"level (curriculum level {st.get('level')}), task mix "
                 + ", ".join(f"{t} {w:g}" for t, w in (mix or {}).items()))
@@ -89,7 +90,13 @@ def _stage_lines(log: dict) -> list[str]:
     return out
 
 
+def _docs(level: tuple, which: int = 0) -> str:
+    lo, hi = level[which]
+    return f"{lo}-{hi}"
+
+
 def render(model_dir: Path, results_dir: Path) -> str:
+    cur = T.Curriculum()
     log = json.loads((model_dir / "training_log.json").read_text())
     cfg = json.loads((model_dir / "config.json").read_text())
     q = json.loads((results_dir / "quality.json").read_text())
@@ -131,10 +138,13 @@ def render(model_dir: Path, results_dir: Path) -> str:
         "  weight decay 0.01 (none on norms, A_log, dt_bias), warm-up then cosine decay; gradient clipping 1.0",
         "- dense supervision: every training prompt carries 24-32 queries after its documents, with the",
         "  loss on every answer token; stage 1's curriculum over the number of documents and filler words",
-        "  (first 2-3 documents of a few facts and retrieval queries only, then all three tasks, up to 6-12",
-        "  documents of 25-54 filler words; up a level once the retrieval answers are right, forced up from",
-        "  60% of the steps so that the evaluation's level is reached by 85%); with update queries in the",
-        "  mix, 2-6 keys per prompt are restated in later documents and every `find` answers the last value",
+        f"  (first {_docs(cur.levels[0])} documents of a few facts and retrieval queries only, then the other "
+        f"tasks too, up to {_docs(cur.levels[-1])}",
+        f"  documents of {_docs(cur.levels[-1], 1)} filler words; up a level once the retrieval answers are "
+        f"right, forced up from {cur.force_from:.0%}",
+        f"  of the steps so that the evaluation's level is reached by {cur.force_by:.0%}); with update "
+        "queries in the mix,",
+        "  2-6 keys per prompt are restated in later documents and every `find` answers the last value",
         "- resumable: a checkpoint every 50 steps under `--work`; `--resume` continues exactly (the batch",
         "  of step s is generated from (seed, s))",
         "",
@@ -159,6 +169,10 @@ def render(model_dir: Path, results_dir: Path) -> str:
         "- two_hop: `<q> chain K1 <a>` -> `K2 V`: K1's value is the key K2, whose value V is stated in",
         "  another document; both decoded tokens must be right",
         "- aggregation: `<q> count NAME <a>` -> how many documents (0-4) mention NAME",
+        *([f"- prefix cache: an earlier request with the first {q['docs_per_prompt'] // 2} documents left "
+           "their segment-aligned states in the cache; the measured request reuses them "
+           f"({q['prefix_reused_segments']['min']}-{q['prefix_reused_segments']['max']} segments) and computes "
+           "the rest (exact by construction)"] if q.get("prefix_reused_segments") else []),
         "- update: `<q> find KEY <a>` -> the value of KEY's last statement: 1-3 keys of the prompt are",
         "  restated with new values in 1-2 later documents, and one of them is asked (documents are read in",
         "  order; later ones revise earlier ones, as in a log or a versioned record)",

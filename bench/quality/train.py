@@ -22,8 +22,9 @@ curve and the training log to --out (models/hypic-tiny-qwen35 by default).
 
 Stages: `--init DIR` starts from a checkpoint this script wrote (its weights and tokenizer, a fresh
 optimiser and learning-rate schedule) and appends a stage to its training log, so that the log,
-the loss curve and the README show the whole history. The bundled model is stage 1 (the three
-tasks from scratch) followed by stage 2 (the update task added, at the evaluation's level).
+the loss curve and the README show the whole history. The bundled model is stage 1 (the
+curriculum's tasks from scratch) followed by stage 2 (the update task added, at the evaluation's
+level).
 """
 from __future__ import annotations
 
@@ -262,6 +263,8 @@ def main(argv=None) -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     tok_dir = args.init if args.init else args.work / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
+        if args.init:  # never write into the checkpoint a stage starts from
+            ap.error(f"--init {args.init}: no tokenizer.json there (not a checkpoint this script wrote)")
         T.train_tokenizer(tok_dir)
     from transformers import AutoTokenizer
 
