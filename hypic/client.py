@@ -31,8 +31,8 @@ from typing import Any, AsyncIterator, Iterator, Sequence, Union
 import grpc
 
 from hypic import errors
-from hypic.v1 import router_pb2 as pb
-from hypic.v1 import router_pb2_grpc as pb_grpc
+from protos.hypic.v1 import router_pb2 as pb
+from protos.hypic.v1 import router_pb2_grpc as pb_grpc
 
 REQUEST_ID_KEY = "x-request-id"
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20

@@ -1,10 +1,13 @@
 """Regenerate the Python modules of every .proto under protos/.
 
-    python protos/generate.py            # writes next to the package tree (repo root)
-    python protos/generate.py --out DIR  # writes elsewhere (the in-sync test uses this)
+    python protos/generate.py            # writes beside the .proto files (protos/hypic/v1/)
+    python protos/generate.py --out DIR  # writes under DIR/protos/... (the in-sync test uses this)
 
-Equivalent to, for each file:
-    python -m grpc_tools.protoc -I protos --python_out=. --pyi_out=. --grpc_python_out=. FILE
+The generated modules form the `protos` package (`from protos.hypic.v1 import segcache_pb2`),
+which services, common/rpc and the SDK all import; no process needs another's package for it.
+Protos are compiled from the repository root, so their own imports read
+`import "protos/hypic/v1/router.proto"`. Equivalent to, for each file:
+    python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. FILE
 
 The generated code embeds the grpcio-tools version; regenerate with the pinned version
 (requirements/base.txt) so tests/test_protos_in_sync.py stays green.
@@ -23,8 +26,8 @@ REPO_ROOT = PROTO_ROOT.parent
 
 
 def proto_files(root: Path = PROTO_ROOT) -> list[Path]:
-    """Every .proto under root, relative to root, in a stable order."""
-    return sorted(p.relative_to(root) for p in root.rglob("*.proto"))
+    """Every .proto under root, relative to the repository root, in a stable order."""
+    return sorted(p.relative_to(REPO_ROOT) for p in root.rglob("*.proto"))
 
 
 def generate(out_dir: Path = REPO_ROOT, root: Path = PROTO_ROOT) -> list[Path]:
@@ -41,14 +44,14 @@ def generate(out_dir: Path = REPO_ROOT, root: Path = PROTO_ROOT) -> list[Path]:
         # already holds another libprotobuf (torch, nixl) can crash it.
         args = [
             sys.executable, "-m", "grpc_tools.protoc",
-            f"-I{root}",
+            f"-I{REPO_ROOT}",
             f"-I{well_known}",
             f"--python_out={out_dir}",
             f"--pyi_out={out_dir}",
             f"--grpc_python_out={out_dir}",
-            str(root / rel),
+            str(REPO_ROOT / rel),
         ]
-        proc = subprocess.run(args, cwd=root, capture_output=True, text=True)
+        proc = subprocess.run(args, cwd=REPO_ROOT, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"protoc failed ({proc.returncode}) on {rel}: {proc.stderr}")
         stem = rel.with_suffix("")

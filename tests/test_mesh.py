@@ -18,8 +18,8 @@ import torch
 import hypic
 from common.engine import HybridEngine
 from hypic.launcher import Mesh
-from hypic.v1 import router_pb2 as pb
-from hypic.v1 import router_pb2_grpc as pb_grpc
+from protos.hypic.v1 import router_pb2 as pb
+from protos.hypic.v1 import router_pb2_grpc as pb_grpc
 from tiny import PIC_CONFIGS, save_tiny
 
 SEAM = 8

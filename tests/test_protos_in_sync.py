@@ -38,14 +38,16 @@ def test_grpc_tools_matches_generated_version() -> None:
     from importlib.metadata import version
 
     tools = version("grpcio-tools")
-    for path in (REPO / "hypic").rglob("*_pb2_grpc.py"):
+    generated = sorted((REPO / "protos").rglob("*_pb2_grpc.py"))
+    assert generated, "no generated *_pb2_grpc.py under protos/"
+    for path in generated:
         text = path.read_text()
         assert f"GRPC_GENERATED_VERSION = '{tools}'" in text, (path, tools)
 
 
 def test_generated_modules_import() -> None:
     sys.path.insert(0, str(REPO))
-    from hypic.v1 import segcache_pb2, segcache_pb2_grpc
+    from protos.hypic.v1 import segcache_pb2, segcache_pb2_grpc
 
     assert segcache_pb2.DESCRIPTOR.package == "hypic.v1"
     assert hasattr(segcache_pb2_grpc, "SegcacheStub")

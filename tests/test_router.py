@@ -21,8 +21,8 @@ import pytest
 
 from common.fingerprint import model_fingerprint, segment_key
 from hypic.launcher import Service
-from hypic.v1 import router_pb2 as pb
-from hypic.v1 import router_pb2_grpc as pb_grpc
+from protos.hypic.v1 import router_pb2 as pb
+from protos.hypic.v1 import router_pb2_grpc as pb_grpc
 from services.router.config import RouterConfig
 from services.router.planner import (CostModel, Job, Planner, contiguous, lpt, makespan,
                                      round_robin)

@@ -29,11 +29,11 @@ from common.engine import HybridEngine
 from common.pic import SegmentEntry, segment_key
 from common.rpc.nixl_util import load_nixl
 from common.rpc.segcache_client import SegcacheClient, checksum
-from hypic.v1 import combine_pb2 as cpb
-from hypic.v1 import combine_pb2_grpc as cpb_grpc
-from hypic.v1 import router_pb2 as rpb
-from hypic.v1 import scatter_pb2 as spb
-from hypic.v1 import scatter_pb2_grpc as spb_grpc
+from protos.hypic.v1 import combine_pb2 as cpb
+from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
+from protos.hypic.v1 import router_pb2 as rpb
+from protos.hypic.v1 import scatter_pb2 as spb
+from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
 from tiny import PIC_CONFIGS, save_tiny
 
 REPO = Path(__file__).resolve().parents[1]
@@ -509,7 +509,7 @@ def test_compose_order_config(monkeypatch, capsys):
 DYING_SCATTER = r"""
 import asyncio, json, os, sys
 import grpc
-from hypic.v1 import scatter_pb2 as spb, scatter_pb2_grpc as spb_grpc
+from protos.hypic.v1 import scatter_pb2 as spb, scatter_pb2_grpc as spb_grpc
 
 class Dying(spb_grpc.ScatterServicer):
     async def Build(self, request, context):

@@ -267,8 +267,8 @@ def test_cancel_propagates_to_combine(full_mesh) -> None:
     count (Combine.Info) drops back to 0 long before its 4000 tokens would have been decoded."""
     import grpc
 
-    from hypic.v1 import combine_pb2 as cpb
-    from hypic.v1 import combine_pb2_grpc as cpb_grpc
+    from protos.hypic.v1 import combine_pb2 as cpb
+    from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
 
     ch = grpc.insecure_channel(full_mesh["combine0"].address)
     combine = cpb_grpc.CombineStub(ch)

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.rpc.nixl_util import load_nixl
 from common.rpc.segcache_client import SegcacheClient, checksum
-from hypic.v1 import segcache_pb2 as pb
+from protos.hypic.v1 import segcache_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[1]
 KiB, MiB = 1 << 10, 1 << 20

@@ -26,8 +26,8 @@ import numpy as np
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlAgent, NixlUnavailable
 from common.rpc.server import channel_options
-from hypic.v1 import segcache_pb2 as pb
-from hypic.v1 import segcache_pb2_grpc as pb_grpc
+from protos.hypic.v1 import segcache_pb2 as pb
+from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
 
 DIGEST_BYTES = 16
 DEFAULT_CHUNK = 1 << 20

@@ -28,10 +28,10 @@ from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlUnavailable
 from common.rpc.segcache_client import ChecksumError, SegcacheClient, checksum
 from common.rpc.server import channel_options
-from hypic.v1 import combine_pb2 as cpb
-from hypic.v1 import scatter_pb2 as spb
-from hypic.v1 import scatter_pb2_grpc as spb_grpc
-from hypic.v1 import segcache_pb2 as segpb
+from protos.hypic.v1 import combine_pb2 as cpb
+from protos.hypic.v1 import scatter_pb2 as spb
+from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
+from protos.hypic.v1 import segcache_pb2 as segpb
 from services.combine import metrics as m
 from services.combine.config import CombineConfig
 

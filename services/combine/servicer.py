@@ -26,9 +26,9 @@ from common.engine import pick_token  # the sampler engine.generate uses
 from common.pic import compose_segment, prefill_layer_major, prefill_segments
 from common.pic.entry import dtype_name, segment_key
 from common.rpc.log import new_request_id
-from hypic.v1 import combine_pb2 as pb
-from hypic.v1 import combine_pb2_grpc as pb_grpc
-from hypic.v1 import router_pb2 as rpb
+from protos.hypic.v1 import combine_pb2 as pb
+from protos.hypic.v1 import combine_pb2_grpc as pb_grpc
+from protos.hypic.v1 import router_pb2 as rpb
 from services.combine import metrics as m
 from services.combine.config import CombineConfig
 from services.combine.fetch import Acquired, Deadline, DeadlineExceeded, Peers, RequestCtx, acquire

@@ -18,7 +18,7 @@ from common.rpc.log import setup_logging
 from common.rpc.metrics import start_metrics_server
 from common.rpc.server import (build_server, mark_serving, run, shutdown,
                                wait_for_shutdown_signal, write_port_file)
-from hypic.v1 import router_pb2_grpc
+from protos.hypic.v1 import router_pb2_grpc
 from services.router.config import ENV_PREFIX, RouterConfig
 from services.router.model import ModelError, ModelInfo
 from services.router.servicer import SERVICE_NAME, RouterServicer

@@ -24,13 +24,13 @@ from common.fingerprint import segment_key
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.segcache_client import SegcacheClient
 from common.rpc.server import channel_options
-from hypic.v1 import combine_pb2 as cpb
-from hypic.v1 import combine_pb2_grpc as cpb_grpc
-from hypic.v1 import router_pb2 as pb
-from hypic.v1 import router_pb2_grpc as pb_grpc
-from hypic.v1 import scatter_pb2 as spb
-from hypic.v1 import scatter_pb2_grpc as spb_grpc
-from hypic.v1 import segcache_pb2 as scpb
+from protos.hypic.v1 import combine_pb2 as cpb
+from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
+from protos.hypic.v1 import router_pb2 as pb
+from protos.hypic.v1 import router_pb2_grpc as pb_grpc
+from protos.hypic.v1 import scatter_pb2 as spb
+from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
+from protos.hypic.v1 import segcache_pb2 as scpb
 from services.router import metrics as m
 from services.router.config import RouterConfig
 from services.router.model import ModelInfo

@@ -19,7 +19,7 @@ from common.rpc.metrics import start_metrics_server
 from common.rpc.segcache_client import SegcacheClient
 from common.rpc.server import (build_server, format_address, mark_serving, run, shutdown,
                                wait_for_shutdown_signal, write_port_file)
-from hypic.v1 import scatter_pb2_grpc
+from protos.hypic.v1 import scatter_pb2_grpc
 from services.scatter.config import ENV_PREFIX, ScatterConfig
 from services.scatter.servicer import SERVICE_NAME, ScatterServicer
 

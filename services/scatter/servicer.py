@@ -20,8 +20,8 @@ import structlog
 
 from common.pic.entry import dtype_name, segment_key
 from common.rpc.segcache_client import SegcacheClient, checksum
-from hypic.v1 import scatter_pb2 as pb
-from hypic.v1 import scatter_pb2_grpc as pb_grpc
+from protos.hypic.v1 import scatter_pb2 as pb
+from protos.hypic.v1 import scatter_pb2_grpc as pb_grpc
 from services.scatter import metrics as m
 from services.scatter.config import ScatterConfig
 

@@ -19,7 +19,7 @@ from common.rpc.log import setup_logging
 from common.rpc.metrics import start_metrics_server
 from common.rpc.server import (build_server, mark_serving, run, shutdown,
                                wait_for_shutdown_signal, write_port_file)
-from hypic.v1 import segcache_pb2_grpc
+from protos.hypic.v1 import segcache_pb2_grpc
 from services.segcache.config import ENV_PREFIX, SegcacheConfig
 from services.segcache.metrics import StoreCollector
 from services.segcache.nixl_agent import LeaseManager

@@ -13,8 +13,8 @@ import numpy as np
 import structlog
 
 from common.rpc.nixl_util import NixlUnavailable
-from hypic.v1 import segcache_pb2 as pb
-from hypic.v1 import segcache_pb2_grpc as pb_grpc
+from protos.hypic.v1 import segcache_pb2 as pb
+from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
 from services.segcache.config import SegcacheConfig
 from services.segcache.nixl_agent import LeaseManager
 from services.segcache.store import EntryInfo, SegcacheError, SegmentStore

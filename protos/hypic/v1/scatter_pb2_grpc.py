@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from hypic.v1 import combine_pb2 as hypic_dot_v1_dot_combine__pb2
+from protos.hypic.v1 import scatter_pb2 as protos_dot_hypic_dot_v1_dot_scatter__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,14 +18,14 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in hypic/v1/combine_pb2_grpc.py depends on'
+        + ' but the generated code in protos/hypic/v1/scatter_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
     )
 
 
-class CombineStub:
+class ScatterStub:
     """Missing associated documentation comment in .proto file."""
 
     def __init__(self, channel):
@@ -34,59 +34,59 @@ class CombineStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Execute = channel.unary_stream(
-                '/hypic.v1.Combine/Execute',
-                request_serializer=hypic_dot_v1_dot_combine__pb2.Plan.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_combine__pb2.CombineEvent.FromString,
+        self.Build = channel.unary_stream(
+                '/hypic.v1.Scatter/Build',
+                request_serializer=protos_dot_hypic_dot_v1_dot_scatter__pb2.BuildRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_scatter__pb2.BuildResponse.FromString,
                 _registered_method=True)
-        self.Info = channel.unary_unary(
-                '/hypic.v1.Combine/Info',
-                request_serializer=hypic_dot_v1_dot_combine__pb2.CombineInfoRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_combine__pb2.CombineInfoResponse.FromString,
+        self.Load = channel.unary_unary(
+                '/hypic.v1.Scatter/Load',
+                request_serializer=protos_dot_hypic_dot_v1_dot_scatter__pb2.LoadRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_scatter__pb2.LoadResponse.FromString,
                 _registered_method=True)
 
 
-class CombineServicer:
+class ScatterServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def Execute(self, request, context):
+    def Build(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Info(self, request, context):
+    def Load(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
 
-def add_CombineServicer_to_server(servicer, server):
+def add_ScatterServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Execute': grpc.unary_stream_rpc_method_handler(
-                    servicer.Execute,
-                    request_deserializer=hypic_dot_v1_dot_combine__pb2.Plan.FromString,
-                    response_serializer=hypic_dot_v1_dot_combine__pb2.CombineEvent.SerializeToString,
+            'Build': grpc.unary_stream_rpc_method_handler(
+                    servicer.Build,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_scatter__pb2.BuildRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_scatter__pb2.BuildResponse.SerializeToString,
             ),
-            'Info': grpc.unary_unary_rpc_method_handler(
-                    servicer.Info,
-                    request_deserializer=hypic_dot_v1_dot_combine__pb2.CombineInfoRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_combine__pb2.CombineInfoResponse.SerializeToString,
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_scatter__pb2.LoadRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_scatter__pb2.LoadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'hypic.v1.Combine', rpc_method_handlers)
+            'hypic.v1.Scatter', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('hypic.v1.Combine', rpc_method_handlers)
+    server.add_registered_method_handlers('hypic.v1.Scatter', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Combine:
+class Scatter:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def Execute(request,
+    def Build(request,
             target,
             options=(),
             channel_credentials=None,
@@ -99,9 +99,9 @@ class Combine:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/hypic.v1.Combine/Execute',
-            hypic_dot_v1_dot_combine__pb2.Plan.SerializeToString,
-            hypic_dot_v1_dot_combine__pb2.CombineEvent.FromString,
+            '/hypic.v1.Scatter/Build',
+            protos_dot_hypic_dot_v1_dot_scatter__pb2.BuildRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_scatter__pb2.BuildResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -113,7 +113,7 @@ class Combine:
             _registered_method=True)
 
     @staticmethod
-    def Info(request,
+    def Load(request,
             target,
             options=(),
             channel_credentials=None,
@@ -126,9 +126,9 @@ class Combine:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/hypic.v1.Combine/Info',
-            hypic_dot_v1_dot_combine__pb2.CombineInfoRequest.SerializeToString,
-            hypic_dot_v1_dot_combine__pb2.CombineInfoResponse.FromString,
+            '/hypic.v1.Scatter/Load',
+            protos_dot_hypic_dot_v1_dot_scatter__pb2.LoadRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_scatter__pb2.LoadResponse.FromString,
             options,
             channel_credentials,
             insecure,

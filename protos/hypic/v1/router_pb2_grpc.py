@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from hypic.v1 import router_pb2 as hypic_dot_v1_dot_router__pb2
+from protos.hypic.v1 import router_pb2 as protos_dot_hypic_dot_v1_dot_router__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in hypic/v1/router_pb2_grpc.py depends on'
+        + ' but the generated code in protos/hypic/v1/router_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,13 +36,13 @@ class RouterStub:
         """
         self.Generate = channel.unary_stream(
                 '/hypic.v1.Router/Generate',
-                request_serializer=hypic_dot_v1_dot_router__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_router__pb2.GenerateEvent.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_router__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_router__pb2.GenerateEvent.FromString,
                 _registered_method=True)
         self.Info = channel.unary_unary(
                 '/hypic.v1.Router/Info',
-                request_serializer=hypic_dot_v1_dot_router__pb2.InfoRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_router__pb2.InfoResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_router__pb2.InfoRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_router__pb2.InfoResponse.FromString,
                 _registered_method=True)
 
 
@@ -66,13 +66,13 @@ def add_RouterServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=hypic_dot_v1_dot_router__pb2.GenerateRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_router__pb2.GenerateEvent.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_router__pb2.GenerateRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_router__pb2.GenerateEvent.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
-                    request_deserializer=hypic_dot_v1_dot_router__pb2.InfoRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_router__pb2.InfoResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_router__pb2.InfoRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_router__pb2.InfoResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -100,8 +100,8 @@ class Router:
             request,
             target,
             '/hypic.v1.Router/Generate',
-            hypic_dot_v1_dot_router__pb2.GenerateRequest.SerializeToString,
-            hypic_dot_v1_dot_router__pb2.GenerateEvent.FromString,
+            protos_dot_hypic_dot_v1_dot_router__pb2.GenerateRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_router__pb2.GenerateEvent.FromString,
             options,
             channel_credentials,
             insecure,
@@ -127,8 +127,8 @@ class Router:
             request,
             target,
             '/hypic.v1.Router/Info',
-            hypic_dot_v1_dot_router__pb2.InfoRequest.SerializeToString,
-            hypic_dot_v1_dot_router__pb2.InfoResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_router__pb2.InfoRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_router__pb2.InfoResponse.FromString,
             options,
             channel_credentials,
             insecure,

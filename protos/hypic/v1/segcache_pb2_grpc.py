@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from hypic.v1 import segcache_pb2 as hypic_dot_v1_dot_segcache__pb2
+from protos.hypic.v1 import segcache_pb2 as protos_dot_hypic_dot_v1_dot_segcache__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in hypic/v1/segcache_pb2_grpc.py depends on'
+        + ' but the generated code in protos/hypic/v1/segcache_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,48 +37,48 @@ class SegcacheStub:
         """
         self.Lookup = channel.unary_unary(
                 '/hypic.v1.Segcache/Lookup',
-                request_serializer=hypic_dot_v1_dot_segcache__pb2.LookupRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_segcache__pb2.LookupResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.LookupRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.LookupResponse.FromString,
                 _registered_method=True)
         self.Put = channel.stream_unary(
                 '/hypic.v1.Segcache/Put',
-                request_serializer=hypic_dot_v1_dot_segcache__pb2.PutRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_segcache__pb2.PutResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.PutRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.PutResponse.FromString,
                 _registered_method=True)
         self.Get = channel.unary_stream(
                 '/hypic.v1.Segcache/Get',
-                request_serializer=hypic_dot_v1_dot_segcache__pb2.GetRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_segcache__pb2.GetResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.GetRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.GetResponse.FromString,
                 _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/hypic.v1.Segcache/Delete',
-                request_serializer=hypic_dot_v1_dot_segcache__pb2.DeleteRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_segcache__pb2.DeleteResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.DeleteRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.DeleteResponse.FromString,
                 _registered_method=True)
         self.Pin = channel.unary_unary(
                 '/hypic.v1.Segcache/Pin',
-                request_serializer=hypic_dot_v1_dot_segcache__pb2.PinRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_segcache__pb2.PinResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.PinRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.PinResponse.FromString,
                 _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/hypic.v1.Segcache/Stats',
-                request_serializer=hypic_dot_v1_dot_segcache__pb2.StatsRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_segcache__pb2.StatsResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.StatsRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.StatsResponse.FromString,
                 _registered_method=True)
         self.NixlInfo = channel.unary_unary(
                 '/hypic.v1.Segcache/NixlInfo',
-                request_serializer=hypic_dot_v1_dot_segcache__pb2.NixlInfoRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_segcache__pb2.NixlInfoResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.NixlInfoRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.NixlInfoResponse.FromString,
                 _registered_method=True)
         self.OpenNixlLease = channel.unary_unary(
                 '/hypic.v1.Segcache/OpenNixlLease',
-                request_serializer=hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseResponse.FromString,
                 _registered_method=True)
         self.ReleaseNixlLease = channel.unary_unary(
                 '/hypic.v1.Segcache/ReleaseNixlLease',
-                request_serializer=hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.SerializeToString,
-                response_deserializer=hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.FromString,
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.FromString,
                 _registered_method=True)
 
 
@@ -149,48 +149,48 @@ def add_SegcacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Lookup': grpc.unary_unary_rpc_method_handler(
                     servicer.Lookup,
-                    request_deserializer=hypic_dot_v1_dot_segcache__pb2.LookupRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_segcache__pb2.LookupResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.LookupRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.LookupResponse.SerializeToString,
             ),
             'Put': grpc.stream_unary_rpc_method_handler(
                     servicer.Put,
-                    request_deserializer=hypic_dot_v1_dot_segcache__pb2.PutRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_segcache__pb2.PutResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.PutRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.PutResponse.SerializeToString,
             ),
             'Get': grpc.unary_stream_rpc_method_handler(
                     servicer.Get,
-                    request_deserializer=hypic_dot_v1_dot_segcache__pb2.GetRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_segcache__pb2.GetResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.GetRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.GetResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
-                    request_deserializer=hypic_dot_v1_dot_segcache__pb2.DeleteRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_segcache__pb2.DeleteResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.DeleteRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.DeleteResponse.SerializeToString,
             ),
             'Pin': grpc.unary_unary_rpc_method_handler(
                     servicer.Pin,
-                    request_deserializer=hypic_dot_v1_dot_segcache__pb2.PinRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_segcache__pb2.PinResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.PinRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.PinResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
-                    request_deserializer=hypic_dot_v1_dot_segcache__pb2.StatsRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_segcache__pb2.StatsResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.StatsRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.StatsResponse.SerializeToString,
             ),
             'NixlInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.NixlInfo,
-                    request_deserializer=hypic_dot_v1_dot_segcache__pb2.NixlInfoRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_segcache__pb2.NixlInfoResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.NixlInfoRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.NixlInfoResponse.SerializeToString,
             ),
             'OpenNixlLease': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenNixlLease,
-                    request_deserializer=hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseResponse.SerializeToString,
             ),
             'ReleaseNixlLease': grpc.unary_unary_rpc_method_handler(
                     servicer.ReleaseNixlLease,
-                    request_deserializer=hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.FromString,
-                    response_serializer=hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.SerializeToString,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,8 +219,8 @@ class Segcache:
             request,
             target,
             '/hypic.v1.Segcache/Lookup',
-            hypic_dot_v1_dot_segcache__pb2.LookupRequest.SerializeToString,
-            hypic_dot_v1_dot_segcache__pb2.LookupResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.LookupRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.LookupResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -246,8 +246,8 @@ class Segcache:
             request_iterator,
             target,
             '/hypic.v1.Segcache/Put',
-            hypic_dot_v1_dot_segcache__pb2.PutRequest.SerializeToString,
-            hypic_dot_v1_dot_segcache__pb2.PutResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.PutRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.PutResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -273,8 +273,8 @@ class Segcache:
             request,
             target,
             '/hypic.v1.Segcache/Get',
-            hypic_dot_v1_dot_segcache__pb2.GetRequest.SerializeToString,
-            hypic_dot_v1_dot_segcache__pb2.GetResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.GetRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.GetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -300,8 +300,8 @@ class Segcache:
             request,
             target,
             '/hypic.v1.Segcache/Delete',
-            hypic_dot_v1_dot_segcache__pb2.DeleteRequest.SerializeToString,
-            hypic_dot_v1_dot_segcache__pb2.DeleteResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.DeleteRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.DeleteResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -327,8 +327,8 @@ class Segcache:
             request,
             target,
             '/hypic.v1.Segcache/Pin',
-            hypic_dot_v1_dot_segcache__pb2.PinRequest.SerializeToString,
-            hypic_dot_v1_dot_segcache__pb2.PinResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.PinRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.PinResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -354,8 +354,8 @@ class Segcache:
             request,
             target,
             '/hypic.v1.Segcache/Stats',
-            hypic_dot_v1_dot_segcache__pb2.StatsRequest.SerializeToString,
-            hypic_dot_v1_dot_segcache__pb2.StatsResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.StatsRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.StatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -381,8 +381,8 @@ class Segcache:
             request,
             target,
             '/hypic.v1.Segcache/NixlInfo',
-            hypic_dot_v1_dot_segcache__pb2.NixlInfoRequest.SerializeToString,
-            hypic_dot_v1_dot_segcache__pb2.NixlInfoResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.NixlInfoRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.NixlInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -408,8 +408,8 @@ class Segcache:
             request,
             target,
             '/hypic.v1.Segcache/OpenNixlLease',
-            hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseRequest.SerializeToString,
-            hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.OpenNixlLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -435,8 +435,8 @@ class Segcache:
             request,
             target,
             '/hypic.v1.Segcache/ReleaseNixlLease',
-            hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.SerializeToString,
-            hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.FromString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-from hypic.v1 import router_pb2 as _router_pb2
+from protos.hypic.v1 import router_pb2 as _router_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor

@@ -1,0 +1,1 @@
+"""Package hypic of the wire contract."""
