@@ -21,7 +21,7 @@ $(STAMP): $(REQS)
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VPY) -m hypic.demo
+	$(VPY) -m bench.demo
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests

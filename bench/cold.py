@@ -1,4 +1,4 @@
-"""Cold path (DESIGN §3): cold TTFT with 1 vs m scatter workers, and LPT vs naive partitioning.
+"""Cold path (docs/design.md §4): cold TTFT with 1 vs m scatter workers, and LPT vs naive partitioning.
 
 Measured (on the running mesh, driven by bench/serve.py): cold requests of fresh documents never
 seen before (skewed segment lengths), on m = 2 scatter workers, then on m = 1 (scatter1 stopped:

@@ -11,17 +11,17 @@ typed by hand. The section lives between `<!-- results:start -->` and `<!-- resu
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
+
+from bench import results_json
+from common.modes import LABELS, MODES
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 README = ROOT / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
-MODES = ("full", "prefix", "naive", "hypic")
-LABELS = {"full": "full recompute", "prefix": "prefix cache", "naive": "naive PIC", "hypic": "hypic"}
 SEED = dict(ttft_p50=3.25, qps=1.66, cold_m8=5.7, lpt=3.6, naive_part=2.4)
 
 
@@ -236,9 +236,9 @@ def render(serve: dict, cold: dict | None) -> str:
 
 
 def load(results: Path) -> tuple[dict, dict | None]:
-    serve = json.loads((results / "serve.json").read_text())
+    serve = results_json.load(results / "serve.json")
     cold_path = results / "cold.json"
-    cold = json.loads(cold_path.read_text()) if cold_path.exists() else None
+    cold = results_json.load(cold_path) if cold_path.exists() else None
     return serve, cold
 
 

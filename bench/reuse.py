@@ -1,8 +1,8 @@
-"""TTFT of full recompute vs prefix cache vs naive PIC vs hypic, n segments of 512 tokens, in-process.
+"""TTFT of full recompute vs prefix cache vs additive PIC vs hypic, n segments of 512 tokens, in-process.
 
     python -m bench.reuse [--n 4 8 16 32 64] [--seg-len 512] [--repeats 2]
 
-Every mode runs on the same prompts in one run. The cache-dependent modes are warm: hypic and naive
+Every mode runs on the same prompts in one run. The cache-dependent modes are warm: hypic and additive
 get their entries from memory, and the prefix cache has seen the same documents in another order
 before (the RAG case: retrieved documents rarely come back in the same order), so it reuses only the
 longest common segment-aligned prefix. Writes bench/results/reuse.json and reuse.png.
@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from common.modes import LABELS, MODES
 
 CONFIG = dict(
     vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=8, num_attention_heads=4,
@@ -58,7 +60,7 @@ def main(argv=None):
             docs = [[rng.randrange(eng.vocab_size) for _ in range(args.seg_len)] for _ in range(n)]
             query = [rng.randrange(eng.vocab_size) for _ in range(args.query_len)]
             entries = {m: eng.prefill_segments(docs, query, mode=m, seam=args.seam).extra["entries"]
-                       for m in ("hypic", "naive")}
+                       for m in ("hypic", "additive")}
             order = list(range(n))
             seen = order[:]
             rng.shuffle(seen)
@@ -69,8 +71,8 @@ def main(argv=None):
             row["full_s"], full = _best(lambda: eng.prefill_segments(segs, query, mode="full"), args.repeats)
             row["prefix_s"], pre = _best(lambda: eng.prefill_segments(segs, query, mode="prefix"), 1)
             row["prefix_reused_segments"] = pre.extra["reused_segments"]
-            row["naive_s"], _ = _best(
-                lambda: eng.prefill_segments(segs, query, entries=entries["naive"], mode="naive"), args.repeats)
+            row["additive_s"], _ = _best(
+                lambda: eng.prefill_segments(segs, query, entries=entries["additive"], mode="additive"), args.repeats)
             row["hypic_s"], hyp = _best(
                 lambda: eng.prefill_segments(segs, query, entries=entries["hypic"], mode="hypic", seam=args.seam),
                 args.repeats)
@@ -83,7 +85,7 @@ def main(argv=None):
             row["speedup_vs_prefix"] = row["prefix_s"] / row["hypic_s"]
             rows.append(row)
             print(f"n={n:>3}  full {row['full_s']*1e3:8.1f} ms  prefix {row['prefix_s']*1e3:8.1f} ms "
-                  f"(reused {row['prefix_reused_segments']})  naive {row['naive_s']*1e3:7.1f} ms  "
+                  f"(reused {row['prefix_reused_segments']})  additive {row['additive_s']*1e3:7.1f} ms  "
                   f"hypic {row['hypic_s']*1e3:7.1f} ms  (layer-major {row['hypic_layer_major_s']*1e3:7.1f} ms)  "
                   f"x{row['speedup_vs_full']:.1f} vs full, x{row['speedup_vs_prefix']:.1f} vs prefix", flush=True)
     out = Path(args.out)
@@ -101,8 +103,8 @@ def _plot(rows, path):
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ns = [r["n"] for r in rows]
-    for key, label in [("full_s", "full recompute"), ("prefix_s", "prefix cache"), ("naive_s", "naive PIC"),
-                       ("hypic_s", "hypic")]:
+    for mode in MODES:
+        key, label = f"{mode}_s", LABELS[mode]
         ax.plot(ns, [r[key] * 1e3 for r in rows], marker="o", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

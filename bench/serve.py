@@ -1,5 +1,5 @@
 """Serving benchmark: drives the running mesh through the SDK (the way `vllm bench serve` drives a
-server) and compares full recompute, prefix cache, naive PIC and hypic side by side on the same
+server) and compares full recompute, prefix cache, additive PIC and hypic side by side on the same
 requests.
 
     python -m bench.serve                        # bundled model, the whole run (<= 15 min)
@@ -12,7 +12,7 @@ What one run does (every number in bench/results/serve.json and cold.json comes 
    the corpus's entries, so the tail of the corpus is served from its LMDB tier.
 2. Warm-up, so that the caches are in the state of a long-running server: one small request per
    mode (code paths), then a warm-up trace per shape (same corpus and popularity, another seed)
-   sent in every cache-using mode (prefix, naive, hypic): the popular documents are cached, the
+   sent in every cache-using mode (prefix, additive, hypic): the popular documents are cached, the
    tail is not, and the prefix cache has seen earlier requests.
 3. Closed loop (concurrency 1) per shape (RAG, summarization, agent): every mode on the same
    request list -> TTFT p50/p90/p99, inter-token latency, throughput, hit rates per tier.
@@ -51,11 +51,10 @@ import numpy as np
 import hypic
 from bench import cold as C
 from bench import workloads as W
+from common.modes import LABELS, MODES
 from hypic.launcher import DEFAULT_MODEL, Mesh
 
-MODES = ("full", "prefix", "naive", "hypic")
-LABELS = {"full": "full recompute", "prefix": "prefix cache", "naive": "naive PIC", "hypic": "hypic"}
-CACHED_MODES = ("prefix", "naive", "hypic")
+CACHED_MODES = tuple(m for m in MODES if m != "full")  # prefix, additive, hypic
 SHAPES = ("rag", "summarization", "agent")
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -317,7 +316,7 @@ def warm_up(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> d
     distinct = {shape: len({d for r in tr.requests for d in r.doc_ids}) for shape, tr in wl["warm"].items()}
     return dict(requests=counts, distinct_segments=distinct, wall_s=time.perf_counter() - t0,
                 what="one 2-segment request per mode (code paths), then per shape a warm-up trace "
-                     "(same corpus/pools and popularity, another seed) in prefix, naive and hypic "
+                     "(same corpus/pools and popularity, another seed) in prefix, additive and hypic "
                      "at concurrency 2, max_tokens 1")
 
 
@@ -508,7 +507,7 @@ def cold_path(mesh: Mesh, enc: Encoder, args) -> dict:
 
 # ---- plots ------------------------------------------------------------------------------------
 
-COLORS = {"full": "#7f7f7f", "prefix": "#ff7f0e", "naive": "#9467bd", "hypic": "#2ca02c"}
+COLORS = {"full": "#7f7f7f", "prefix": "#ff7f0e", "additive": "#9467bd", "hypic": "#2ca02c"}
 
 
 def plot_cdf(closed: dict, path: Path) -> None:

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -17,15 +16,13 @@ import torch
 from common.fingerprint import model_fingerprint
 from common.loader import CheckpointReader, load_weights
 from common.models import TEXT_SUBCONFIG, UnsupportedArchitecture, model_class
-from common.state import ModelState
+from common.models.base import HybridLM
+from common.pic import build_entry, prefill_segments
+from common.pic.entry import SegmentEntry, entry_layout
+from common.pic.prefix import PrefixCache
+from common.state import ModelState, PrefillOutput
 
-
-@dataclass
-class PrefillOutput:
-    logits: torch.Tensor  # [vocab] fp32, next-token logits after the last prompt token
-    state: ModelState
-    all_logits: torch.Tensor | None = None  # [T, vocab] when asked for
-    extra: dict = field(default_factory=dict)
+__all__ = ["HybridEngine", "PrefillOutput", "pick_token"]
 
 
 def _read_config(path: Path):
@@ -47,24 +44,26 @@ def _read_config(path: Path):
 
 
 class HybridEngine:
-    def __init__(self, model, model_type: str, config, dtype: torch.dtype, device, tokenizer=None,
-                 fingerprint: str = ""):
+    """One loaded model on one device; implements common.pic.protocol.PicEngine."""
+
+    def __init__(self, model: HybridLM, model_type: str, config, dtype: torch.dtype, device: torch.device | str,
+                 tokenizer=None, fingerprint: str = ""):
         self.model = model
         self.model_type = model_type
-        self.config = config
+        self.config = config  # the transformers text config the model was built from
         self.dtype = dtype
         self.device = torch.device(device)
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # a transformers tokenizer, or None
         self.fingerprint = fingerprint
-        self.vocab_size = model.vocab_size
+        self.vocab_size: int = model.vocab_size
         self.num_layers = len(model.layers)
-        from common.pic.prefix import PrefixCache
-
+        self.entry_layout = entry_layout(model)  # the per-layer kinds its segment entries have
         self.prefix_cache = PrefixCache()
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, device="cpu", load_tokenizer: bool = True):
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                        load_tokenizer: bool = True) -> "HybridEngine":
         path = Path(path)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"no config.json in {path}")
@@ -94,7 +93,8 @@ class HybridEngine:
         return ids
 
     @torch.inference_mode()
-    def forward(self, token_ids: Sequence[int], state: ModelState | None = None, all_logits: bool = False):
+    def forward(self, token_ids: Sequence[int], state: ModelState | None = None,
+                all_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor, ModelState]:
         """Run tokens from `state` (not mutated). Returns (hidden [T, D], logits, new state)."""
         ids = self.check_tokens(token_ids)
         if not ids:
@@ -123,28 +123,31 @@ class HybridEngine:
         )
 
     # -- position-independent caching (common.pic) -------------------------------------------
-    def build_entry(self, token_ids: Sequence[int], seam: int = 8):
+    def build_entry(self, token_ids: Sequence[int], seam: int = 8) -> SegmentEntry:
         """Prefill one segment alone and keep what its reuse needs (a SegmentEntry)."""
-        from common.pic import build_entry
-
         return build_entry(self, token_ids, seam)
 
-    def prefill_segments(self, segments, query, entries=None, mode: str = "hypic", seam: int = 8,
+    def check_entry(self, entry: SegmentEntry, token_ids: Sequence[int], seam: int) -> None:
+        """Raise EntryMismatch unless `entry` is this model's entry of `token_ids` at seam width
+        `seam` (the effective one: common.modes.seam_for)."""
+        entry.check(token_ids, seam=seam, fingerprint=self.fingerprint, dtype=self.dtype, layout=self.entry_layout)
+
+    def prefill_segments(self, segments: Sequence[Sequence[int]], query: Sequence[int],
+                         entries: Sequence[SegmentEntry | None] | None = None, mode: str = "hypic", seam: int = 8,
                          order: str = "segment") -> PrefillOutput:
-        """Prefill `segments` (token-id lists) then `query` in mode full | prefix | naive | hypic.
+        """Prefill `segments` (token-id lists) then `query` in mode full | prefix | additive | hypic
+        ("naive" is accepted for "additive").
 
         `entries`: a SegmentEntry or None per segment (None: built now, returned in
         out.extra["entries"] for caching). `order`: "segment" (segment-major) or "layer"
         (batched layer-major); both give the same numbers."""
-        from common.pic import prefill_segments
-
         return prefill_segments(self, segments, query, entries, mode, seam, order)
 
     def decode_step(self, token_id: int, state: ModelState) -> tuple[torch.Tensor, ModelState]:
         _, logits, state = self.forward([token_id], state)
         return logits[-1], state
 
-    def generate(self, prompt, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
+    def generate(self, prompt: Sequence[int] | PrefillOutput, max_new_tokens: int = 32, temperature: float = 0.0, top_k: int = 0,
                  eos_token_id: int | None = None, seed: int | None = None) -> list[int]:
         """Greedy (temperature 0) or sampled continuation of a token list or of a PrefillOutput."""
         out = prompt if isinstance(prompt, PrefillOutput) else self.prefill(prompt)
@@ -160,7 +163,7 @@ class HybridEngine:
         return tokens
 
 
-def pick_token(logits: torch.Tensor, temperature: float, top_k: int = 0, gen=None) -> int:
+def pick_token(logits: torch.Tensor, temperature: float, top_k: int = 0, gen: torch.Generator | None = None) -> int:
     """The next token: argmax at temperature 0, else a (top-k) sample; what generate() uses."""
     if temperature <= 0:
         return int(torch.argmax(logits))

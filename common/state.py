@@ -67,3 +67,13 @@ class ModelState:
             elif isinstance(s, AttentionLayerState):
                 total += s.keys.numel() * s.keys.element_size() + s.values.numel() * s.values.element_size()
         return total
+
+
+@dataclass
+class PrefillOutput:
+    """What a prefill returns: the next-token logits and the state to decode from."""
+
+    logits: torch.Tensor  # [vocab] fp32, next-token logits after the last prompt token
+    state: ModelState
+    all_logits: torch.Tensor | None = None  # [T, vocab] when asked for
+    extra: dict = field(default_factory=dict)  # timings, entries built, ... (common.pic)

@@ -160,6 +160,8 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hypic.client import MODE_NAMES, MODES
+
     ap = argparse.ArgumentParser(prog="hypic", description="Hypic: position-independent caching "
                                  "for hybrid-attention LLMs")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -201,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--mode", default="hypic", choices=["hypic", "full", "prefix", "naive"])
+    gen.add_argument("--mode", default="hypic", type=str.lower, choices=sorted(MODES),
+                     help=f"one of {', '.join(MODE_NAMES)} (naive: additive's old name)")
     gen.add_argument("--stop-at-eos", action="store_true")
     gen.add_argument("--timeout", type=float, default=120.0, help="seconds")
     gen.add_argument("--ids", action="store_true", help="print token ids when there is no text")

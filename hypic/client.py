@@ -36,8 +36,12 @@ from protos.hypic.v1 import router_pb2_grpc as pb_grpc
 
 REQUEST_ID_KEY = "x-request-id"
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
-MODES = {"hypic": pb.PREFILL_MODE_HYPIC, "full": pb.PREFILL_MODE_FULL,
-         "prefix": pb.PREFILL_MODE_PREFIX, "naive": pb.PREFILL_MODE_NAIVE}
+# Prefill mode names, read off the proto enum (PREFILL_MODE_ADDITIVE -> "additive"): the wire
+# contract is their one home on this side. "naive" (the additive ablation's old name, an enum
+# alias) is accepted for one version; MODE_NAMES are the canonical ones.
+MODES = {name.removeprefix("PREFILL_MODE_").lower(): value for name, value in pb.PrefillMode.items()}
+MODE_NAMES = tuple(name for name, value in MODES.items()
+                   if pb.PrefillMode.Name(value) == "PREFILL_MODE_" + name.upper())
 
 SegmentLike = Union[str, Sequence[int]]
 
@@ -154,10 +158,10 @@ def build_request(segments: Sequence[SegmentLike], query: SegmentLike, *, max_to
     validates the content)."""
     if isinstance(segments, (str, bytes)) or isinstance(segments, pb.Segment):
         raise errors.InvalidArgument("segments must be a list (of str or token-id lists)")
-    mode_value = MODES.get(mode.lower()) if isinstance(mode, str) else (
+    mode_value = MODES.get(mode.strip().lower()) if isinstance(mode, str) else (
         mode if mode in MODES.values() else None)
     if mode_value is None:
-        raise errors.InvalidArgument(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+        raise errors.InvalidArgument(f"unknown mode {mode!r}; one of {', '.join(MODE_NAMES)}")
     if not isinstance(max_tokens, int) or max_tokens < 0 or max_tokens >= 1 << 32:
         raise errors.InvalidArgument("max_tokens must be an int > 0")
     return pb.GenerateRequest(

@@ -4,7 +4,8 @@ For every family: segments summarised alone, (T_C, S(C|0)), composed in order ==
 concatenation (relative Frobenius error <= 1e-5 fp32, <= 2e-3 with bf16 inputs and fp32 T), with
 naive addition's error measured beside it and asserted far larger. Plus the seed paper's RetNet
 case, the batched (segments x layers x heads) composition in torch and in Triton (interpreter, in a
-subprocess), the short-conv warm-up patch and RoPE state re-rotation.
+subprocess), the short-conv warm-up patch and RoPE state re-rotation (both with the production
+conv and rotary of common/layers).
 """
 import os
 import subprocess
@@ -16,23 +17,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.compose import compose_batched, compose_batched_torch, stack_summaries
+from common.layers.conv import causal_conv
+from common.layers.rotary import RotaryEmbedding
+from kernels.compose import (
+    compose_backend,
+    compose_batched,
+    compose_batched_torch,
+    compose_summary,
+    stack_summaries,
+    triton_available,
+)
 from kernels.linear_attn import (
     DELTA_FAMILIES,
     FAMILIES,
     FAMILY_GATE,
     Summary,
-    apply_rope,
-    causal_conv1d,
     chunk_linear_attn,
     compose,
     compose_chain,
-    conv_tail,
     merge,
     naive_add,
     prefill_with_summary,
     rerotate,
-    rope_rotation,
     segment_summary,
 )
 
@@ -193,6 +199,36 @@ def test_compose_batched_torch(family, fresh_seed):
         assert rel(zero[l], compose_chain(per_layer[l])) <= TOL
 
 
+def test_composition_backend_is_chosen_in_one_place():
+    """CUDA states -> the Triton kernel, CPU -> torch: pinned here on CPU (no GPU needed)."""
+    assert compose_backend("cpu", torch.float32) == "torch"
+    assert compose_backend(torch.device("cpu"), torch.bfloat16, triton_ok=True) == "torch"
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert compose_backend("cuda", dtype, triton_ok=True) == "triton"
+        assert compose_backend(torch.device("cuda:1"), dtype, triton_ok=False) == "torch"
+    assert compose_backend("cuda", torch.float64, triton_ok=True) == "torch"
+    assert compose_backend("cuda", torch.float32) == ("triton" if triton_available() else "torch")
+    with pytest.raises(ValueError, match="backend"):
+        compose_batched(torch.ones(1, 2), torch.ones(1, 2, 4, 4), backend="cuda")
+
+
+def test_pic_composes_through_the_chooser(fresh_seed):
+    """common.pic composes with compose_summary (the chooser's one-segment form), which on CPU is
+    the same arithmetic as kernels.linear_attn.compose, bit for bit."""
+    import common.pic.reuse as reuse
+
+    assert reuse.compose is compose_summary
+    gen = torch.Generator().manual_seed(fresh_seed)
+    B, H, K, V = 1, 3, 8, 12
+    for T in (torch.rand(B, H, generator=gen), torch.rand(B, H, K, generator=gen),
+              torch.randn(B, H, K, K, generator=gen) / K**0.5):
+        form = {2: "scalar", 3: "vector", 4: "matrix"}[T.dim()]
+        s = Summary(T, torch.randn(B, H, K, V, generator=gen), form)
+        S_in = torch.randn(B, H, K, V, generator=gen)
+        out = compose_summary(s, S_in)
+        assert out.dtype == torch.float32 and torch.equal(out, compose(s, S_in))
+
+
 _TRITON_SCRIPT = textwrap.dedent(
     """
     import os, sys
@@ -246,10 +282,11 @@ class SynthConvGDN:
         self.w = torch.randn(self.D, c, generator=gen) * 0.5
 
     def features(self, x, conv_state=None):
-        """x [1, T, D + 2H] -> q, k, v, g, beta and the conv tail (of the conv'd channels)."""
+        """x [1, T, D + 2H] -> q, k, v, g, beta and the conv tail [1, D, c-1] (of the conv'd channels)."""
         H, K, V = self.H, self.K, self.V
         xc, xg = x[..., : self.D], x[..., self.D :]
-        y, tail = causal_conv1d(xc, self.w, conv_state=conv_state)
+        y, tail = causal_conv(xc.transpose(1, 2), self.w, None, conv_state, act="silu")
+        y = y.transpose(1, 2)
         T = x.shape[1]
         q, k, v = y.split([H * K, H * K, H * V], dim=-1)
         q, k, v = q.view(1, T, H, K), F.normalize(k.view(1, T, H, K), dim=-1), v.reshape(1, T, H, V)
@@ -282,37 +319,45 @@ def test_conv_warmup_patch_makes_composition_exact(fresh_seed):
         _, k, v, g, b, _ = layer.features(head, conv_state=tail)
         _, S = chunk_linear_attn(torch.zeros_like(k), k, v, g, b, S, None, True)
         S = compose(body, S)
-        tail = conv_tail(x[..., : layer.D], layer.c, prev_tail=tail)
+        tail = layer.features(x, conv_state=tail)[-1]  # the conv tail after this segment
         S_unpatched = compose(naive_all, S_unpatched)
     e, e_unpatched = rel(S, S_full), rel(S_unpatched, S_full)
     print(f"conv warm-up: patched {e:.2e}, without recomputing the first c-1 tokens {e_unpatched:.2e}")
     assert e <= TOL and e_unpatched > 1e-3
-    # the helper's tail == the conv's own tail of the whole prefix
+    # tails chained segment by segment (one shorter than the window) == the tail of the whole prefix
     _, _, _, _, _, full_tail = layer.features(torch.cat(xs, 1))
-    assert torch.equal(tail, full_tail[..., : layer.D])
+    assert torch.equal(tail, full_tail)
 
 
 # ----------------------------------------------------------------------------------------------
-# RoPE inside a linear layer: state re-rotation
+# RoPE inside a linear layer: state re-rotation (keys rotated by common.layers.rotary)
 # ----------------------------------------------------------------------------------------------
+def rope_rotation(emb: RotaryEmbedding, delta: int, K: int) -> torch.Tensor:
+    """R(delta) [K, K] with emb.apply(x at delta) = R x: the rotary applied to the identity's rows."""
+    cos, sin = emb.cos_sin(torch.tensor([delta]), torch.float32)
+    return emb.apply(torch.eye(K).view(1, 1, K, K), cos, sin)[0, 0].T
+
+
 @pytest.mark.parametrize("family", ["retnet", "gla", "deltanet", "gated_deltanet", "kda"])
-@pytest.mark.parametrize("rope", [dict(), dict(rotary_dim=8, interleaved=True, theta=500.0)])
+@pytest.mark.parametrize("rope", [dict(theta=10000.0), dict(partial_factor=0.5, theta=500.0)])
 def test_rope_rerotation(family, rope, fresh_seed):
     gen = torch.Generator().manual_seed(fresh_seed)
     H, K, V = 2, 16, 16
     L1, L2 = int(torch.randint(30, 300, (1,), generator=gen)), int(torch.randint(30, 300, (1,), generator=gen))
-    rd = rope.get("rotary_dim", K)
+    emb = RotaryEmbedding(K, **rope)
+    rd = emb.rotary_dim
     k1, v1, g1, b1 = rand_segment(family, L1, H, K, V, gen, "slow")
     k2, v2, g2, b2 = rand_segment(family, L2, H, K, V, gen, "slow")
     if family == "retnet":
         g1 = g2 = -(0.005 + 0.02 * torch.rand(H, generator=gen))
-    if FAMILY_GATE[family] == "channel":  # per-channel gates tied within each rotation pair
+    if FAMILY_GATE[family] == "channel":  # per-channel gates tied within each rotation pair (rotate-half)
         for g in (g1, g2):
-            if rope.get("interleaved"):
-                g[..., 1:rd:2] = g[..., 0:rd:2]
-            else:
-                g[..., rd // 2 : rd] = g[..., : rd // 2]
-    rot = lambda k, start: apply_rope(k, torch.arange(start, start + k.shape[1]), **rope)
+            g[..., rd // 2 : rd] = g[..., : rd // 2]
+
+    def rot(k, start):  # k [1, T, H, K] rotated to positions start .. start+T-1
+        cos, sin = emb.cos_sin(torch.arange(start, start + k.shape[1]), torch.float32)
+        return emb.apply(k.transpose(1, 2), cos, sin).transpose(1, 2)
+
     if family in DELTA_FAMILIES:  # rotation keeps |k| = 1
         assert torch.allclose(rot(k1, 5).norm(dim=-1), torch.ones(1, L1, H), atol=1e-5)
     cat = lambda a, b: a if a.dim() == 1 else torch.cat([a, b], 1)
@@ -323,7 +368,7 @@ def test_rope_rerotation(family, rope, fresh_seed):
                                   family in DELTA_FAMILIES)
     s1 = segment_summary(family, rot(k1, 0), v1, g=g1, beta=b1)
     s2 = segment_summary(family, rot(k2, 0), v2, g=g2, beta=b2)  # cached at offset 0
-    R = rope_rotation(L1, K, **rope)
+    R = rope_rotation(emb, L1, K)
     assert torch.allclose(R @ R.T, torch.eye(K), atol=1e-6)
     s2r = rerotate(s2, R)
     S_comp = compose(s2r, s1.S)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from common.rpc.config import load_config
-from hypic.launcher import config_flags, service_config
+from service_configs import config_flags, service_config
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

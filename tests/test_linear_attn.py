@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import kernels.linear_attn as la
 import kernels.linear_attn.chunk as chunk_mod
+import kernels.linear_attn.intra as intra
 from kernels.linear_attn import (
     DELTA_FAMILIES,
     FAMILIES,
@@ -111,7 +112,7 @@ def test_extreme_decays_finite_and_exact(family, gen):
 def test_per_channel_gate_paths(family, safe, gen, monkeypatch):
     """Force every branch of the per-channel intra-chunk scores: recursion down to single tokens
     (safe=0), an intermediate split, and one midpoint block for the whole chunk (safe=inf)."""
-    monkeypatch.setattr(chunk_mod, "SAFE_EXP", safe)
+    monkeypatch.setattr(intra, "SAFE_EXP", safe)
     B, T, H, K, V = 1, 130, 2, 16, 16
     q, k, v, g, beta = make_inputs(family, B, T, H, K, V, gen, "slow")
     delta = family in DELTA_FAMILIES
@@ -270,5 +271,5 @@ def test_unit_lower_inverse(C, gen):
     L = torch.randn(3, 5, C, C, generator=gen) * 0.3
     ref = torch.linalg.solve_triangular(L.tril(-1) + torch.eye(C), torch.eye(C).expand(3, 5, C, C), upper=False)
     L = L.tril(-1) + torch.full((C, C), float("nan")).triu()
-    X = chunk_mod._unit_lower_inv(L)
+    X = intra.unit_lower_inv(L)
     assert rel(X, ref) <= 1e-6

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from common.engine import HybridEngine
-from common.pic import EntryError, SegmentEntry, segment_key
+from common.pic import EntryError, EntryMismatch, SegmentEntry, segment_key
 from tiny import PIC_CONFIGS, save_tiny
 
 
@@ -106,11 +106,11 @@ def test_entry_is_identical_in_another_process(tmp_path):
     assert len(outs) == 1
 
 
-def test_fidelity_report_hypic_beats_naive(engine, fresh_seed):
-    """KL(full || mode) and top-1 agreement on 8-segment prompts; hypic beats naive."""
+def test_fidelity_report_hypic_beats_additive(engine, fresh_seed):
+    """KL(full || mode) and top-1 agreement on 8-segment prompts; hypic beats the additive ablation."""
     rows = {}
     prompts = [random_prompt(engine, fresh_seed + i, LENGTHS) for i in range(3)]
-    for name, kwargs in [("naive", dict(mode="naive"))] + [
+    for name, kwargs in [("additive", dict(mode="additive"))] + [
         (f"hypic w={w}", dict(mode="hypic", seam=w)) for w in (0, 2, 4, 8, 16, 32)
     ]:
         kls, agree = [], []
@@ -121,9 +121,20 @@ def test_fidelity_report_hypic_beats_naive(engine, fresh_seed):
             agree.append(float(full.argmax() == out.argmax()))
         rows[name] = (sum(kls) / len(kls), sum(agree) / len(agree))
     print(f"\n{engine.model_type}: " + "  ".join(f"{k}: KL={v[0]:.2e} top1={v[1]:.2f}" for k, v in rows.items()))
-    # w=0 differs from naive only by T (and the conv patch): with a random model's fast decays T can
-    # be ~0 and the two nearly tie, so the assertion is on the default seam.
-    assert rows["hypic w=8"][0] < rows["naive"][0]
+    # w=0 differs from additive only by T (and the conv patch): with a random model's fast decays T
+    # can be ~0 and the two nearly tie, so the assertion is on the default seam.
+    assert rows["hypic w=8"][0] < rows["additive"][0]
+
+
+def test_naive_is_the_old_name_of_additive(engine, fresh_seed):
+    segs, q = random_prompt(engine, fresh_seed, LENGTHS)
+    new = engine.prefill_segments(segs, q, mode="additive")
+    old = engine.prefill_segments(segs, q, mode="naive", entries=new.extra["entries"])
+    assert old.extra["mode"] == new.extra["mode"] == "additive"
+    assert old.extra["built"] == [] and all(e.seam == 0 for e in new.extra["entries"])
+    assert torch.equal(old.logits, new.logits)
+    hyp = engine.prefill_segments(segs, q, mode="hypic", seam=0).logits
+    assert not torch.equal(hyp, new.logits)  # the ablation is not hypic w=0 (no T)
 
 
 def test_decode_after_hypic(engine, fresh_seed):
@@ -172,3 +183,28 @@ def test_bad_input(engine, tmp_path):
         engine.prefill_segments(segs, q, entries=[other_dtype, None], seam=8)
     with pytest.raises(EntryError, match="other tokens"):
         engine.prefill_segments(segs[::-1], q, entries=[good, None], seam=8)
+    other_layout = SegmentEntry.from_bytes(good.to_bytes())
+    other_layout.layers = other_layout.layers[::-1]
+    with pytest.raises(EntryError, match="layers"):
+        engine.prefill_segments(segs, q, entries=[other_layout, None], seam=8)
+
+
+def test_entry_check_is_the_one_rule(engine):
+    """SegmentEntry.check (what pic and the services call) names each mismatch; a fitting entry passes."""
+    segs, _ = random_prompt(engine, 3, (14,))
+    entry = engine.build_entry(segs[0], seam=4)
+    fits = dict(seam=4, fingerprint=engine.fingerprint, dtype=engine.dtype, layout=engine.entry_layout)
+    entry.check(segs[0], **fits)
+    engine.check_entry(entry, segs[0], 4)
+    assert entry.layout == engine.entry_layout
+    assert {k.split(":")[0] for k in entry.layout} <= {"linear", "attention", "none"}
+    cases = {"another model": dict(fits, fingerprint="f" * 32), "seam 4": dict(fits, seam=0),
+             "float32, the request uses bfloat16": dict(fits, dtype="bfloat16"),
+             "do not fit": dict(fits, layout=["none"] * len(entry.layers))}
+    for message, kwargs in cases.items():
+        with pytest.raises(EntryMismatch, match=message):
+            entry.check(segs[0], **kwargs)
+    with pytest.raises(EntryMismatch, match="other tokens"):
+        entry.check(segs[0][:-1], **fits)
+    with pytest.raises(EntryMismatch, match="seam 4, the request uses 0"):
+        engine.check_entry(entry, segs[0], 0)

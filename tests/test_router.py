@@ -361,16 +361,21 @@ def test_info_and_fingerprint_contract(mesh) -> None:
     assert info.seam == 8 and info.dtype == "float32" and info.max_prompt_tokens == 64
     assert info.segcache_address == mesh["segcache"].address
     assert len(info.scatter_addresses) == 2 and len(info.combine_addresses) == 2
-    # The engine and the entry code compute the same values (one definition; see
-    # common/fingerprint.py).
+    # The engine (scatter, combine) reads the same checkpoint as the same fingerprint.
     from common.engine import HybridEngine
     assert HybridEngine.from_pretrained(Path(mesh["model"])).fingerprint == fp
-    try:
-        from common.pic.entry import segment_key as entry_key
-    except ImportError as e:  # pragma: no cover - another module mid-edit
-        pytest.skip(f"common.pic does not import: {e}")
-    ids = [3, 1, 4, 1, 5, 9, 2, 6]
-    assert entry_key(fp, 8, "float32", ids) == segment_key(fp, 8, "float32", ids)
+
+
+def test_segment_key_is_stable_and_covers_every_field() -> None:
+    """Keys are content addresses kept in LMDB across versions: a change of the function would
+    orphan every cached entry, so its value is pinned; and each input must change the key."""
+    fp, ids = "f" * 64, [3, 1, 4, 1, 5, 9, 2, 6]
+    key = segment_key(fp, 8, "float32", ids)
+    assert key == "814f60edc9f7b1f04864d5d004fd8603187e4d09"
+    variants = [segment_key("e" + fp[1:], 8, "float32", ids), segment_key(fp, 0, "float32", ids),
+                segment_key(fp, 8, "bfloat16", ids), segment_key(fp, 8, "float32", ids[:-1]),
+                segment_key(fp, 8, "float32", ids[::-1]), segment_key(fp, 8, "float32", ids + [0])]
+    assert len({key, *variants}) == 1 + len(variants)
 
 
 @pytest.mark.parametrize("name,req", [
@@ -423,8 +428,8 @@ def test_unreachable_combines_unavailable_within_deadline_and_lookup_hits_planne
     planned = wait_log(mesh["a"], "planned", rid)[0]
     assert planned["hits"] == 2 and planned["misses"] == 1 and len(planned["workers"]) == 1
     assert planned["prompt_tokens"] > 2 * len(cached) + len(fresh)  # + the tokenized query
-    # NAIVE keys use seam 0, so the seam-8 entry is not a hit there; FULL does no lookup.
-    for mode, rid2, hits in ((pb.PREFILL_MODE_NAIVE, "rid-naive", 0),
+    # ADDITIVE keys use seam 0, so the seam-8 entry is not a hit there; FULL does no lookup.
+    for mode, rid2, hits in ((pb.PREFILL_MODE_ADDITIVE, "rid-additive", 0),
                              (pb.PREFILL_MODE_FULL, "rid-full", None)):
         req.mode = mode
         code, _, dt = call(mesh["a"], req, timeout=1.0, rid=rid2)

@@ -202,7 +202,7 @@ async def build(target: str, req: spb.BuildRequest) -> tuple[spb.BuildHeader, by
 
 def make_plan(engine, mesh, segs, query, source, *, mode=rpb.PREFILL_MODE_HYPIC, seam=SEAM,
               workers=None, scatter=None, segcache=None, **kw) -> cpb.Plan:
-    key_seam = 0 if mode == rpb.PREFILL_MODE_NAIVE else seam
+    key_seam = 0 if mode == rpb.PREFILL_MODE_ADDITIVE else seam
     planned = [cpb.PlannedSegment(key=segment_key(engine.fingerprint, key_seam, "float32", s), token_ids=s,
                                   source=source, worker=(workers[i] if workers else 0))
                for i, s in enumerate(segs)]
@@ -372,12 +372,12 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
 def test_combine_baseline_modes(mesh, engine):
     segs, query = prompt(4, (30, 21))
     for mode, name in ((rpb.PREFILL_MODE_FULL, "full"), (rpb.PREFILL_MODE_PREFIX, "prefix"),
-                       (rpb.PREFILL_MODE_NAIVE, "naive")):
+                       (rpb.PREFILL_MODE_ADDITIVE, "additive")):
         ref_logits, ref_tokens = reference(engine, segs, query, mode=name)
         ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER,
                                                           mode=mode)))
         # full and prefix recompute on the combine worker: no segment events
-        assert_matches(ans, ref_logits, ref_tokens, len(segs) if name == "naive" else 0)
+        assert_matches(ans, ref_logits, ref_tokens, len(segs) if name == "additive" else 0)
     # sampling: the same tokens as engine.generate with the same seed, temperature and top_k
     out = engine.prefill_segments(segs, query, mode="hypic", seam=SEAM)
     want = engine.generate(out, max_new_tokens=N_TOKENS, temperature=0.8, top_k=20, seed=1234)
@@ -466,21 +466,22 @@ def test_combine_plan_with_misses_composes_segment_major(mesh, engine):
     assert compositions(mesh.combine) == (layer0, mixed0 + 1, segment0 + 2)
 
 
-def test_combine_naive_all_hits_stays_segment_major(mesh, engine):
+def test_combine_additive_all_hits_stays_segment_major(mesh, engine):
     segs, query = prompt(16, (24, 13, 30))
-    ref_logits, ref_tokens = reference(engine, segs, query, mode="naive")
+    ref_logits, ref_tokens = reference(engine, segs, query, mode="additive")
     layer0, mixed0, segment0 = compositions(mesh.combine)
     cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER,
-                                                       mode=rpb.PREFILL_MODE_NAIVE)))
+                                                       mode=rpb.PREFILL_MODE_ADDITIVE)))
     assert_matches(cold, ref_logits, ref_tokens, len(segs))
-    # the seam-0 entries are in segcache now; layer-major would add them with T, not naively
+    # the seam-0 entries are in segcache now; layer-major would add them with T, not additively
     warm = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE,
-                                                       mode=rpb.PREFILL_MODE_NAIVE),
-                        metadata=[("x-request-id", "rid-warm-naive")]))
+                                                       mode=rpb.PREFILL_MODE_ADDITIVE),
+                        metadata=[("x-request-id", "rid-warm-additive")]))
     assert_matches(warm, ref_logits, ref_tokens, len(segs))
     assert warm.timings[0].hits == len(segs)
     assert compositions(mesh.combine) == (layer0, mixed0, segment0 + 2)
-    assert executed_line(mesh.combine, "rid-warm-naive")["compose_order"] == "segment"
+    executed = executed_line(mesh.combine, "rid-warm-additive")
+    assert executed["compose_order"] == "segment" and executed["mode"] == "additive"
 
 
 def test_compose_order_config(monkeypatch, capsys):
@@ -644,6 +645,7 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
                       grpc.StatusCode.INVALID_ARGUMENT),
         "fingerprint": (plan(model_fingerprint="0" * 32), grpc.StatusCode.FAILED_PRECONDITION),
         "dtype": (plan(dtype="bfloat16"), grpc.StatusCode.FAILED_PRECONDITION),
+        "unknown mode": (plan(mode=9), grpc.StatusCode.INVALID_ARGUMENT),
     }
 
     async def code_of(coro):
@@ -662,6 +664,8 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
                             grpc.StatusCode.INVALID_ARGUMENT),
             "scatter vocab": (build_request(engine, [1, 600]), grpc.StatusCode.INVALID_ARGUMENT),
             "scatter empty": (build_request(engine, []), grpc.StatusCode.INVALID_ARGUMENT),
+            "scatter no key": (spb.BuildRequest(token_ids=ids, seam=SEAM, model_fingerprint=engine.fingerprint,
+                                                dtype="float32"), grpc.StatusCode.INVALID_ARGUMENT),
             "scatter fingerprint": (spb.BuildRequest(key=segment_key("f" * 32, SEAM, "float32", ids),
                                                      token_ids=ids, seam=SEAM, model_fingerprint="f" * 32,
                                                      dtype="float32"), grpc.StatusCode.FAILED_PRECONDITION),

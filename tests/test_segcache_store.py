@@ -14,9 +14,9 @@ import pytest
 from common.rpc.config import ConfigError, load_config, parse_int
 from services.segcache.config import ENV_PREFIX, SegcacheConfig
 from services.segcache.policy import GDSFPolicy, LRUPolicy
-from services.segcache.store import (HEADER, TIER_DISK, TIER_HOST, TIER_MISS, CacheFull,
-                                     ChecksumMismatch, EntryTooLarge, InvalidRequest, SegmentStore,
-                                     checksum)
+from services.segcache.lmdb_file import HEADER
+from services.segcache.store import (TIER_DISK, TIER_HOST, TIER_MISS, CacheFull, ChecksumMismatch,
+                                     EntryTooLarge, InvalidRequest, SegmentStore, checksum)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -37,7 +37,7 @@ def lmdb_values(path: Path, store: SegmentStore | None = None) -> dict[bytes, by
     """Raw `data` values in LMDB (through the store's own env while it is open: LMDB allows
     one env per file per process)."""
     if store is not None:
-        with store._env.begin(db=store._data_db) as txn:
+        with store._lmdb.env.begin(db=store._lmdb.data_db) as txn:
             return {bytes(k): bytes(v) for k, v in txn.cursor()}
     env = lmdb.open(str(path), max_dbs=4, readonly=True, lock=False)
     try:

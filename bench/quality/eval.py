@@ -10,10 +10,11 @@ the answer has; a prompt counts when every decoded token is right.
     prefix      prefix caching: an earlier request with the first half of the documents left their
                 segment-aligned states in the cache; this one reuses them and computes the rest
                 (exact by construction; the reuse count is checked and recorded)
-    naive       cached segment states added without T, no seams (the ablation)
+    additive    cached segment states added without T, no seams (the ablation; "naive" in results
+                written before the rename, which bench.results_json reads as "additive")
     hypic_w{w}  Hypic with a seam window of w tokens, w in 0, 2, 4, 8, 16
 
-Segment entries are built once per prompt and seam width and reused: hypic w=0 and naive share
+Segment entries are built once per prompt and seam width and reused: hypic w=0 and additive share
 the same entries (both have no seam). Deterministic: no sampling, fixed prompts; the numbers do
 not depend on --workers.
 Writes quality.json (accuracies, every prompt's correctness per mode, and the first prompts'
@@ -31,12 +32,14 @@ from pathlib import Path
 import torch
 
 from bench.quality import tasks as T
+from common.modes import LABELS
+from common.modes import MODES as PREFILL_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / "models" / "hypic-tiny-qwen35"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 SEAMS = (0, 2, 4, 8, 16)
-MODES = ("full", "prefix", "naive") + tuple(f"hypic_w{w}" for w in SEAMS)
+MODES = tuple(m for m in PREFILL_MODES if m != "hypic") + tuple(f"hypic_w{w}" for w in SEAMS)
 DETAIL = 50  # prompts per task whose predictions and margins are stored (what the test replays)
 
 
@@ -93,8 +96,8 @@ def run_prompt(engine, segments, query, answer, modes=MODES, order: str = "layer
                 raise RuntimeError(f"prefix cache reused {out.extra['reused_segments']} segments, expected {half}")
             record(name, out)
             res[name]["reused"] = half
-        elif name == "naive":
-            out = engine.prefill_segments(segments, query, entries=entries.get(0), mode="naive")
+        elif name == "additive":
+            out = engine.prefill_segments(segments, query, entries=entries.get(0), mode="additive")
             entries.setdefault(0, out.extra["entries"])
             record(name, out)
         elif name.startswith("hypic_w"):
@@ -182,11 +185,8 @@ def evaluate(model: Path, n: int, tasks=T.TASKS, modes=MODES, order: str = "laye
 
 
 # -- outputs ---------------------------------------------------------------------------------------
-LABELS = {"full": "full recompute", "prefix": "prefix cache", "naive": "naive PIC"}
-
-
 def label(mode: str) -> str:
-    return LABELS.get(mode) or f"hypic w={mode[len('hypic_w'):]}"
+    return f"hypic w={mode[len('hypic_w'):]}" if mode.startswith("hypic_w") else LABELS[mode]
 
 
 def markdown_table(res: dict) -> str:
@@ -220,9 +220,9 @@ def plot(res: dict, out: Path) -> None:
         c = f"C{i}"
         ax.plot(xs, [acc[f"hypic_w{w}"] for w in SEAMS], marker="o", color=c, label=f"{t}: hypic")
         ax.axhline(acc["full"], color=c, ls="--", lw=1, label=f"{t}: full recompute ({acc['full']:.1f})")
-        ax.plot([xs[0] - 0.35], [acc["naive"]], marker="x", ms=9, color=c, ls="none",
-                label=f"{t}: naive PIC ({acc['naive']:.1f})")
-    ax.set_xticks([xs[0] - 0.35] + xs, ["naive"] + [str(w) for w in SEAMS])
+        ax.plot([xs[0] - 0.35], [acc["additive"]], marker="x", ms=9, color=c, ls="none",
+                label=f"{t}: {LABELS['additive']} ({acc['additive']:.1f})")
+    ax.set_xticks([xs[0] - 0.35] + xs, ["additive"] + [str(w) for w in SEAMS])
     ax.set_xlabel("seam window w (tokens recomputed at the start of each segment)")
     ax.set_ylabel("exact-match accuracy, %")
     ax.set_ylim(0, 102)

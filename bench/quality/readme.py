@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bench import results_json
 from bench.quality import eval as E
 from bench.quality import tasks as T
 
@@ -44,19 +45,19 @@ def _shortfalls(q: dict) -> list[str]:
                 f"- **{t} falls short**: full recompute reaches {_pct(acc[t]['full'])} (target >= 70%); always "
                 f"giving the most frequent answer would score {_pct(_majority(t, q['n_per_task']))}. The model did "
                 "not learn this task within the training budget, so its row says nothing about caching.")
-    naive = d["retrieval"]["naive"]
-    if naive > -10.0:
+    additive = d["retrieval"]["additive"]
+    if additive > -10.0:
         upd = ""
         if "update" in acc:
-            upd = (f" The update task is the one that depends on the order: there naive PIC scores "
-                   f"{_pct(acc['update']['naive'])} against {_pct(acc['update']['full'])} for full recompute "
-                   f"({_rel(acc['update']['naive'], acc['update']['full'])} of the score) and hypic w=8 "
+            upd = (f" The update task is the one that depends on the order: there additive PIC scores "
+                   f"{_pct(acc['update']['additive'])} against {_pct(acc['update']['full'])} for full recompute "
+                   f"({_rel(acc['update']['additive'], acc['update']['full'])} of the score) and hypic w=8 "
                    f"{_pct(acc['update']['hypic_w8'])}: without T the earlier documents' values of a restated "
                    "key are never erased from the delta-rule memory (nor decayed), so the sum of the "
                    "per-document memories holds every value the key ever had.")
         out.append(
-            f"- **naive PIC loses little on retrieval, two_hop and aggregation** (retrieval {naive:+.1f} points, "
-            f"two_hop {d['two_hop']['naive']:+.1f}; the seed reports -66.9% on real tasks): those tasks' facts are "
+            f"- **additive PIC loses little on retrieval, two_hop and aggregation** (retrieval {additive:+.1f} points, "
+            f"two_hop {d['two_hop']['additive']:+.1f}; the seed reports -66.9% on real tasks): those tasks' facts are "
             "local to a document and each key is stated once, so the per-document delta-rule memories of "
             "disjoint keys add up almost losslessly without T (without T the earlier documents' memories are "
             "not decayed either, which can even help recall), and the cached attention keys need no context "
@@ -99,7 +100,7 @@ def render(model_dir: Path, results_dir: Path) -> str:
     cur = T.Curriculum()
     log = json.loads((model_dir / "training_log.json").read_text())
     cfg = json.loads((model_dir / "config.json").read_text())
-    q = json.loads((results_dir / "quality.json").read_text())
+    q = results_json.load(results_dir / "quality.json")
     acc, d = q["accuracy"], q["delta_vs_full"]
     last = log["evals"][-1] if log["evals"] else {}
     kinds = ["L" if t == "linear_attention" else "F" for t in cfg["layer_types"]]
@@ -179,9 +180,9 @@ def render(model_dir: Path, results_dir: Path) -> str:
         "",
         f"Acceptance: full recompute on retrieval {_pct(acc['retrieval']['full'])} (target >= 90%); "
         f"hypic w=8 vs full on retrieval {d['retrieval']['hypic_w8']:+.1f} points (target within 1.0); "
-        f"naive PIC on retrieval {d['retrieval']['naive']:+.1f} points "
-        f"({_rel(acc['retrieval']['naive'], acc['retrieval']['full'])} of the score; the seed reports -66.9%)"
-        + (f", on update {d['update']['naive']:+.1f} points ({_rel(acc['update']['naive'], acc['update']['full'])}; "
+        f"additive PIC on retrieval {d['retrieval']['additive']:+.1f} points "
+        f"({_rel(acc['retrieval']['additive'], acc['retrieval']['full'])} of the score; the seed reports -66.9%)"
+        + (f", on update {d['update']['additive']:+.1f} points ({_rel(acc['update']['additive'], acc['update']['full'])}; "
            f"hypic w=8 {d['update']['hypic_w8']:+.1f} points)" if "update" in acc else "") + ".",
         "",
         *_shortfalls(q),

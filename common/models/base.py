@@ -6,11 +6,27 @@ state it was given, so a caller may keep an old state (a cached prefix) and cont
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import nn
 
-from common.state import ModelState
+from common.state import AttentionLayerState, LinearLayerState, ModelState
+
+
+class LayerPlan(Protocol):
+    """A forward pass that takes token mixing over (common.pic.reuse.SeamPlan: all seams of all
+    segments through one layer at once, between cached segment bodies)."""
+
+    def run_linear(self, mixer: nn.Module, x: torch.Tensor,
+                   ctx: "ForwardContext") -> tuple[torch.Tensor, LinearLayerState]:
+        """A linear layer's mixer output [B, T, D] for x [B, T, D] and its state after the call."""
+        ...
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               ctx: "ForwardContext") -> tuple[torch.Tensor, AttentionLayerState]:
+        """Attention output [B, T, heads, D] of rotated q, k, v [B, heads, T, D] and the layer's keys/values."""
+        ...
 
 
 @dataclass
@@ -20,7 +36,7 @@ class ForwardContext:
     layer: int = -1  # index of the layer running now
     # Set by the batched (layer-major) seam recompute of common.pic: it runs linear mixers itself
     # and lays out attention keys around cached segment bodies (see common.layers.attention.attend).
-    plan: object | None = None
+    plan: LayerPlan | None = None
 
     def mix(self, mixer, x, state):
         """Layers call their token mixer through here so a plan can take the call over."""

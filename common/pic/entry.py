@@ -28,7 +28,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from common.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
-from kernels.linear_attn import Summary
+from kernels.linear_attn import Summary, summary_form
 
 MAGIC = b"HYPE"
 FORMAT_VERSION = 1
@@ -41,8 +41,30 @@ class EntryError(ValueError):
     """An entry that cannot be used: corrupted, or built for another model, seam or dtype."""
 
 
+class EntryMismatch(EntryError):
+    """A sound entry that does not fit the request (model, tokens, seam, dtype or layer layout)."""
+
+
 def dtype_name(dtype: torch.dtype | str) -> str:
     return dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
+
+
+def body_kind(body: "LinearBody | AttentionBody | None") -> str:
+    """One layer's kind in an entry: "linear:<form>", "attention" or "none"."""
+    if isinstance(body, LinearBody):
+        return "linear:" + body.form
+    return "attention" if isinstance(body, AttentionBody) else "none"
+
+
+def entry_layout(model) -> list[str]:
+    """The per-layer kinds (as `body_kind` names them) an entry for `model` must have."""
+    out = []
+    for layer in model.layers:
+        if layer.kind == "linear":
+            out.append("linear:" + summary_form(layer.mixer.family))
+        else:
+            out.append("attention" if layer.kind == "attention" else "none")
+    return out
 
 
 @dataclass
@@ -94,6 +116,27 @@ class SegmentEntry:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._tensors().values())
+
+    @property
+    def layout(self) -> list[str]:
+        return [body_kind(b) for b in self.layers]
+
+    def check(self, token_ids: Sequence[int], *, seam: int, fingerprint: str, dtype: torch.dtype | str,
+              layout: Sequence[str] | None = None) -> None:
+        """The one check that this entry fits a request: built by the model `fingerprint` names,
+        in `dtype`, with seam width `seam` (the request's effective seam, see common.modes), for
+        exactly `token_ids`, and (when given) with the model's per-layer `layout` (`entry_layout`).
+        Raises EntryMismatch saying what differs."""
+        if self.model_fingerprint != fingerprint:
+            raise EntryMismatch(f"entry built for another model ({self.model_fingerprint[:12]})")
+        if self.seam != seam:
+            raise EntryMismatch(f"entry built with seam {self.seam}, the request uses {seam}")
+        if self.dtype != dtype_name(dtype):
+            raise EntryMismatch(f"entry built in {self.dtype}, the request uses {dtype_name(dtype)}")
+        if self.token_ids != list(token_ids):
+            raise EntryMismatch("entry holds other tokens than the segment")
+        if layout is not None and self.layout != list(layout):
+            raise EntryMismatch(f"entry layers {self.layout} do not fit the model's {list(layout)}")
 
     # -- bytes ------------------------------------------------------------------------------
     def _tensors(self) -> dict[str, torch.Tensor]:

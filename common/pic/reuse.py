@@ -1,4 +1,4 @@
-"""Reuse prefill: a prompt `seg_1 .. seg_n, query` from cached segment entries (DESIGN §2).
+"""Reuse prefill: a prompt `seg_1 .. seg_n, query` from cached segment entries (docs/design.md §3).
 
 Segment-major (`prefill_segment_major`), the order that can start before the last entry arrives:
 
@@ -23,19 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from common.models.base import ForwardContext
-from common.pic.entry import AttentionBody, LinearBody, SegmentEntry
+from common.pic.entry import AttentionBody, LinearBody, SegmentEntry, dtype_name
+from common.pic.protocol import PicEngine
 from common.state import AttentionLayerState, LinearLayerState, ModelState
-from kernels.linear_attn import Summary, compose, linear_attention, segment_summary, summary_form
-
-
-# -- transition operators: kernels.linear_attn (segment_summary, compose) -------------------------
-def identity_T(form: str, B: int, H: int, K: int, device) -> torch.Tensor:
-    """T of an empty span (a body shorter than its conv warm-up)."""
-    if form == "matrix":
-        return torch.eye(K, device=device).expand(B, H, K, K).clone()
-    if form == "vector":
-        return torch.ones(B, H, K, device=device)
-    return torch.ones(B, H, device=device)
+from kernels.compose import compose_summary as compose  # Triton on CUDA, torch on CPU (one chooser)
+from kernels.linear_attn import Summary, identity_transition, linear_attention, segment_summary, summary_form
 
 
 def _conv_cat(tail: torch.Tensor, new: torch.Tensor | None, width: int) -> torch.Tensor:
@@ -46,7 +38,7 @@ def _conv_cat(tail: torch.Tensor, new: torch.Tensor | None, width: int) -> torch
 
 # -- building an entry ---------------------------------------------------------------------------
 @torch.inference_mode()
-def build_entry(engine, token_ids, seam: int) -> SegmentEntry:
+def build_entry(engine: PicEngine, token_ids, seam: int) -> SegmentEntry:
     ids = engine.check_tokens(token_ids)
     if not ids:
         raise ValueError("empty segment")
@@ -87,7 +79,7 @@ def _linear_body(mixer, x: torch.Tensor, L: int, w: int) -> LinearBody:
         T, form, S = summ.T, summ.form, summ.S
     else:
         form = summary_form(mixer.family)
-        T = identity_T(form, 1, H, K, k.device)
+        T = identity_transition(form, 1, H, K, k.device)
         S = torch.zeros(1, H, K, v.shape[-1], device=k.device)
     u = mixer.conv_inputs(x)  # [1, L, C]
     conv_tail = u[:, max(w, L - (c - 1)) :].transpose(1, 2).contiguous() if L > w and c > 1 else None
@@ -100,8 +92,6 @@ def _sl(t, sl):
 
 
 def _dtype_name(dtype) -> str:
-    from common.pic.entry import dtype_name
-
     return dtype_name(dtype)
 
 
@@ -120,10 +110,10 @@ def mixer_dtype(mixer) -> torch.dtype:
     return next(mixer.parameters()).dtype
 
 
-def apply_body(model, state: ModelState, entry: SegmentEntry, start: int, naive: bool = False) -> ModelState:
+def apply_body(model, state: ModelState, entry: SegmentEntry, start: int, additive: bool = False) -> ModelState:
     """Apply a segment's cached body after its seam; `start` is the segment's real first position.
 
-    naive=True is the ablation: states added without T and without the conv warm-up patch."""
+    additive=True is the ablation: states added without T and without the conv warm-up patch."""
     layers = list(state.layers)
     for i, body in enumerate(entry.layers):
         mixer = model.layers[i].mixer if body is not None else None
@@ -135,7 +125,7 @@ def apply_body(model, state: ModelState, entry: SegmentEntry, start: int, naive:
                 conv_before = _zeros_conv(mixer, body, c)
             else:
                 S_run, conv_before = cur.recurrent, cur.conv
-            if naive:
+            if additive:
                 S0 = torch.zeros_like(body.S)
                 S_w = run_warmup(mixer, body, S0, None if conv_before is None else torch.zeros_like(conv_before))
                 S_new = S_run + compose(body.summary, S_w)
@@ -169,21 +159,24 @@ def _zeros_conv(mixer, body: LinearBody, c: int):
 
 # -- segment-major ---------------------------------------------------------------------------------
 @torch.inference_mode()
-def compose_segment(engine, state: ModelState, entry: SegmentEntry, naive: bool = False) -> ModelState:
+def compose_segment(engine: PicEngine, state: ModelState, entry: SegmentEntry, additive: bool = False, *,
+                    naive: bool | None = None) -> ModelState:
     """Extend `state` (not mutated) by one segment from its entry: seam recomputed under the real
-    prefix, then the cached body applied. What a combine worker calls as each entry arrives."""
+    prefix, then the cached body applied. What a combine worker calls as each entry arrives.
+    additive=True: the ablation (no seam recompute, states added). `naive` is additive's old name."""
+    additive = additive if naive is None else naive
     start = state.seq_len
-    if entry.seam_len and not naive:
+    if entry.seam_len and not additive:
         _, _, state = engine.forward(entry.seam_tokens, state)
-    return apply_body(engine.model, state, entry, start, naive=naive)
+    return apply_body(engine.model, state, entry, start, additive=additive)
 
 
-def prefill_segment_major(engine, entries: list[SegmentEntry], state: ModelState | None = None,
-                          naive: bool = False) -> ModelState:
-    """State after every segment, composed from entries (seams recomputed unless naive)."""
+def prefill_segment_major(engine: PicEngine, entries: list[SegmentEntry], state: ModelState | None = None,
+                          additive: bool = False) -> ModelState:
+    """State after every segment, composed from entries (seams recomputed unless additive)."""
     state = engine.new_state() if state is None else state
     for e in entries:
-        state = compose_segment(engine, state, e, naive=naive)
+        state = compose_segment(engine, state, e, additive=additive)
     return state
 
 
@@ -269,7 +262,7 @@ class SeamPlan:
 
 
 @torch.inference_mode()
-def prefill_layer_major(engine, entries: list[SegmentEntry]) -> ModelState:
+def prefill_layer_major(engine: PicEngine, entries: list[SegmentEntry]) -> ModelState:
     if not any(e.seam_len for e in entries):
         return prefill_segment_major(engine, entries)
     model = engine.model

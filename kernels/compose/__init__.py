@@ -1,8 +1,9 @@
 """Batched composition of segment summaries: S_out = T_n(...(T_1 S_in + S_1)...) + S_n.
 
 ``compose_batched`` runs the Triton kernel for CUDA tensors (when triton imports) and the torch
-path otherwise; both share one API (see :mod:`kernels.compose.torch_ref` for shapes). Triton is
-imported only when a CUDA tensor asks for it.
+path otherwise; both share one API (see :mod:`kernels.compose.torch_ref` for shapes). Which one
+is decided in one place, :func:`compose_backend`. Triton is imported only when a CUDA tensor
+asks for it. ``compose_summary`` is the one-segment form common.pic composes with.
 """
 from __future__ import annotations
 
@@ -11,13 +12,29 @@ import torch
 from .torch_ref import FORMS, compose_batched_torch, infer_form
 
 
-def _triton_ok() -> bool:
-    try:
-        import triton  # noqa: F401
+# state dtypes the Triton kernel is built and tested for (fp32 accumulation inside)
+TRITON_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_triton_state: dict = {}
 
-        return True
-    except Exception:  # pragma: no cover
-        return False
+
+def triton_available() -> bool:
+    """True when triton imports (tried once, only ever asked for CUDA tensors)."""
+    if "ok" not in _triton_state:
+        try:
+            import triton  # noqa: F401
+
+            _triton_state["ok"] = True
+        except Exception:  # pragma: no cover - depends on the environment
+            _triton_state["ok"] = False
+    return _triton_state["ok"]
+
+
+def compose_backend(device: torch.device | str, dtype: torch.dtype, triton_ok: bool | None = None) -> str:
+    """The composition path for states on `device` in `dtype`: "triton" on CUDA (fp32/bf16/fp16
+    states, triton importable), "torch" otherwise. `triton_ok` None asks :func:`triton_available`."""
+    if torch.device(device).type != "cuda" or dtype not in TRITON_DTYPES:
+        return "torch"
+    return "triton" if (triton_available() if triton_ok is None else triton_ok) else "torch"
 
 
 def compose_batched(
@@ -37,14 +54,25 @@ def compose_batched(
     [*G, K, V] or None. Returns S_out [*G, K, V] (and the [n + 1, *G, K, V] boundary states with
     ``return_all``). backend: "auto" (Triton on CUDA, torch otherwise), "triton" or "torch".
     """
-    use_triton = backend == "triton" or (backend == "auto" and S.is_cuda and _triton_ok())
-    if use_triton:
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "auto":
+        backend = compose_backend(S.device, S.dtype)
+    if backend == "triton":
         from .triton_compose import compose_batched_triton
 
         return compose_batched_triton(
             T, S, S_in, form=form, return_all=return_all, out_dtype=out_dtype, out=out
         )
     return compose_batched_torch(T, S, S_in, form=form, return_all=return_all, out_dtype=out_dtype, out=out)
+
+
+def compose_summary(summary, S_in: torch.Tensor) -> torch.Tensor:
+    """S_out = T . S_in + S (fp32) for one segment's Summary (kernels.linear_attn), on the path
+    :func:`compose_backend` picks: the Triton kernel on CUDA, torch (the same arithmetic as
+    kernels.linear_attn.compose) on CPU."""
+    return compose_batched(summary.T.unsqueeze(0), summary.S.unsqueeze(0), S_in, form=summary.form,
+                           out_dtype=torch.float32)
 
 
 def stack_summaries(summaries) -> tuple[torch.Tensor, torch.Tensor, str]:
@@ -55,4 +83,7 @@ def stack_summaries(summaries) -> tuple[torch.Tensor, torch.Tensor, str]:
     return torch.stack([s.T for s in summaries]), torch.stack([s.S for s in summaries]), forms.pop()
 
 
-__all__ = ["FORMS", "compose_batched", "compose_batched_torch", "infer_form", "stack_summaries"]
+__all__ = [
+    "FORMS", "TRITON_DTYPES", "compose_backend", "compose_batched", "compose_batched_torch", "compose_summary",
+    "infer_form", "stack_summaries", "triton_available",
+]

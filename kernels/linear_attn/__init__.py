@@ -9,7 +9,7 @@ plus the per-family ``naive_*`` / ``chunk_*`` functions and the segment summarie
 
 fla (flash-linear-attention) is used only for CUDA tensors in bf16/fp16 when ``import fla``
 succeeds; it is never imported for CPU tensors (on CPU machines fla must not even be installed,
-see shared/ENVIRONMENT.md).
+see docs/gpu.md).
 """
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ from .chunk import (
     chunk_retnet,
     chunk_with_transition,
     default_chunk_size,
+    identity_transition,
 )
+from .families import DELTA_FAMILIES, FAMILIES, FAMILY, FAMILY_GATE, Family, check_inputs
+from .families import family as _family_row
 from .naive import (
-    DELTA_FAMILIES,
-    FAMILIES,
     expand_gate,
     naive_deltanet,
     naive_gated_deltanet,
@@ -40,8 +41,6 @@ from .naive import (
     naive_recurrent,
     naive_retnet,
 )
-from .conv import causal_conv1d, conv_tail
-from .rope import apply_rope, rope_inv_freq, rope_rotation
 from .summary import (
     Summary,
     compose,
@@ -54,30 +53,13 @@ from .summary import (
     summary_form,
 )
 
-# which gate each family takes: None, "head" ([H]), "token" ([B,T,H]), "channel" ([B,T,H,K])
-FAMILY_GATE = {
-    "retnet": "head",
-    "mamba2": "token",
-    "gla": "channel",
-    "deltanet": None,
-    "gated_deltanet": "token",
-    "kda": "channel",
-}
-# scale used when the caller passes None (mamba2: y = C^T S, no 1/sqrt(K))
-_DEFAULT_SCALE_ONE = ("mamba2",)
-
 _fla_state: dict = {}
 
 
-def _check_family(family: str) -> None:
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
-
-
-def _default_scale(family: str, K: int, scale: float | None) -> float:
+def _default_scale(name: str, K: int, scale: float | None) -> float:
     if scale is not None:
         return scale
-    return 1.0 if family in _DEFAULT_SCALE_ONE else K**-0.5
+    return 1.0 if _family_row(name).unit_scale else K**-0.5
 
 
 def fla_available() -> bool:
@@ -157,12 +139,7 @@ def linear_attention(
     "torch" or "fla". Gates as in :mod:`kernels.linear_attn.naive` (log-decays <= 0).
     chunk_size None: :func:`default_chunk_size` (32 for the delta families on CPU, else 64).
     """
-    _check_family(family)
-    delta = family in DELTA_FAMILIES
-    if FAMILY_GATE[family] is not None and g is None:
-        raise ValueError(f"{family} needs a gate g")
-    if delta and beta is None:
-        raise ValueError(f"{family} needs beta")
+    delta = check_inputs(family, g, beta).delta
     scale = _default_scale(family, k.shape[-1], scale)
     if _use_fla(backend, q, k, v):  # pragma: no cover - GPU only
         try:
@@ -199,10 +176,10 @@ def recurrent_step(
     Returns (o shaped like v, in q's dtype; new state fp32). The input state is left untouched
     unless ``out_state`` is it (in-place update; any [B,H,K,V] fp32 buffer works).
     """
-    _check_family(family)
+    delta = _family_row(family).delta
     if state is None:
         raise ValueError("recurrent_step needs the state [B,H,K,V]")
-    if family in DELTA_FAMILIES and beta is None:
+    if delta and beta is None:
         raise ValueError(f"{family} needs beta")
     tok = q.dim() == 4
     if tok:
@@ -233,7 +210,7 @@ def recurrent_step(
         S = out_state
     elif out_state is None:
         S = S.clone() if S is state else S
-    if family in DELTA_FAMILIES:
+    if delta:
         pred = torch.matmul(kf.unsqueeze(-2), S).squeeze(-2)  # [B,H,V]
         upd = (vf - pred) * beta.float().unsqueeze(-1)
     else:
@@ -248,7 +225,11 @@ def recurrent_step(
 __all__ = [
     "FAMILIES",
     "DELTA_FAMILIES",
+    "FAMILY",
     "FAMILY_GATE",
+    "Family",
+    "check_inputs",
+    "identity_transition",
     "expand_gate",
     "naive_recurrent",
     "naive_retnet",
@@ -278,9 +259,4 @@ __all__ = [
     "merge",
     "naive_add",
     "rerotate",
-    "rope_rotation",
-    "rope_inv_freq",
-    "apply_rope",
-    "causal_conv1d",
-    "conv_tail",
 ]

@@ -33,19 +33,13 @@ the identity and fed zero values, so the UT transform is shared (see ``chunk_wit
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-# Half-range (nats) below which a diagonal block is scored with one midpoint reference.
-SAFE_EXP = 20.0
-# Log-decays below this are clamped before exp: exp(-80) ~ 1.8e-35 is zero for every purpose
-# here, and fp32 exp of arguments below ~-87 takes a slow path (10x) and yields denormals.
-EXP_FLOOR = -80.0
-
-
-def _exp(x: torch.Tensor) -> torch.Tensor:
-    """In-place clamped exp of a fresh fp32 tensor."""
-    return x.clamp_(min=EXP_FLOOR).exp_()
+from .families import FAMILY
+from .intra import EXP_FLOOR, SAFE_EXP, exp_clamped, unit_lower_inv, vec_scores
 
 
 def _next_pow2(n: int) -> int:
@@ -85,7 +79,7 @@ def _from_chunks(x: torch.Tensor, B: int, H: int, T: int) -> torch.Tensor:
 def default_chunk_size(family_or_delta, device="cpu") -> int:
     """Chunk size the dispatchers use: 32 for the delta families on CPU (measured 10-30% faster
     there: the C^2 UT work halves, the chunk loop stays cheap), 64 otherwise."""
-    delta = family_or_delta in ("deltanet", "gated_deltanet", "kda") if isinstance(family_or_delta, str) else bool(family_or_delta)
+    delta = FAMILY[family_or_delta].delta if isinstance(family_or_delta, str) else bool(family_or_delta)
     return 32 if (delta and torch.device(device).type == "cpu") else 64
 
 
@@ -101,81 +95,203 @@ def _gate_kind(g: torch.Tensor | None) -> str:
     raise ValueError(f"gate must be [H], [B,T,H] or [B,T,H,K], got {tuple(g.shape)}")
 
 
-def _intra_vec(rows: list[torch.Tensor], cols: torch.Tensor, b: torch.Tensor, safe: float | None = None):
-    """Per-channel-decayed scores A_r[i, j] = sum_k rows_r[i,k] cols[j,k] exp(b[i,k] - b[j,k]).
+@dataclass
+class _Chunked:
+    """The inputs cut into N chunks of C tokens, heads flattened into Z = B * H (fp32, zero padded)."""
 
-    rows: list of [M, C, K] fp32, cols [M, C, K] fp32, b [M, C, K] float64 cumulative log-decay
-    (non-increasing along C). Returns [R, M, C, C]; only the lower triangle (j <= i) is
-    meaningful (the caller masks). C must be a power of two.
-    """
-    safe = SAFE_EXP if safe is None else safe
-    r = len(rows)
-    M, C, K = cols.shape
-    out = None
-    s = C
-    while True:
-        n = C // s
-        bb = b.view(M, n, s, K)
-        m = (s - 1) // 2
-        if s > 1:
-            hr = torch.maximum(bb[:, :, 0] - bb[:, :, m], bb[:, :, m] - bb[:, :, -1]).amax().item()
-        if s == 1 or hr <= safe:
-            # midpoint reference: |exponents| <= hr, both factors finite and normal in fp32
-            er = _exp((bb - bb[:, :, m : m + 1]).float())
-            ec = torch.reciprocal(er)
-            Rm = torch.empty(r, M, n, s, K, device=cols.device)
-            for i, x in enumerate(rows):
-                torch.mul(x.view(M, n, s, K), er, out=Rm[i])
-            blk = torch.matmul(Rm, (cols.view(M, n, s, K) * ec).transpose(-1, -2))  # [r, M, n, s, s]
-            if out is None:  # n == 1: the block is the whole chunk
-                return blk.view(r, M, C, C)
-            out.view(r, M, n, s, n, s).diagonal(dim1=2, dim2=4).copy_(blk.permute(0, 1, 3, 4, 2))
-            return out
-        if out is None:
-            out = cols.new_zeros(r, M, C, C)
-        # off-diagonal half blocks: reference at the boundary, both factors <= 1
-        h = s // 2
-        ref = bb[:, :, h - 1 : h]
-        er = _exp((bb[:, :, h:] - ref).float())
-        ec = _exp((ref - bb[:, :, :h]).float())
-        Rm = torch.empty(r, M, n, h, K, device=cols.device)
-        for i, x in enumerate(rows):
-            torch.mul(x.view(M, n, s, K)[:, :, h:], er, out=Rm[i])
-        blk = torch.matmul(Rm, (cols.view(M, n, s, K)[:, :, :h] * ec).transpose(-1, -2))  # [r, M, n, h, h]
-        out.view(r, M, n, 2, h, n, 2, h).diagonal(dim1=2, dim2=5)[:, :, 1, :, 0].copy_(blk.permute(0, 1, 3, 4, 2))
-        s = h
+    N: int
+    Z: int
+    C: int
+    K: int
+    V: int
+    kc: torch.Tensor  # [N, Z, C, K]
+    vc: torch.Tensor  # [N, Z, C, V] (V = 0: zero values, only T is produced)
+    qc: torch.Tensor | None  # [N, Z, C, K] with the scale folded in; None: no outputs
+    bc: torch.Tensor | None  # [N, Z, C] beta
 
 
-def _unit_lower_inv(L: torch.Tensor, base: int = 8) -> torch.Tensor:
-    """(I + strict_lower(L))^-1 for L [..., C, C], C a power of two; only the strict lower triangle
-    of L is read. Forward substitution on base x base diagonal blocks (row by row, vectorised over
-    every block), then 2x2 block doubling: inv([[A, 0], [Cb, D]]) = [[A^-1, 0], [-D^-1 Cb A^-1, D^-1]].
-    Faster than batched LAPACK trsm on CPU (one parallel region per step instead of one per
-    matrix) and the same arithmetic as forward substitution."""
-    *bs, C, _ = L.shape
-    base = min(base, C)
-    nb = C // base
-    Lf = L.reshape(-1, C, C)
-    M = Lf.shape[0]
-    D = Lf.view(M, nb, base, nb, base).diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [M, nb, base, base]
-    X = Lf.new_zeros(M, nb, base, base)
-    X[..., 0, 0] = 1.0
-    for i in range(1, base):
-        X[..., i, :i] = torch.matmul(D[..., i : i + 1, :i], X[..., :i, :i]).squeeze(-2).neg_()
-        X[..., i, i] = 1.0
-    s = base
-    while s < C:
-        n2 = C // (2 * s)
-        Xv = X.view(M, n2, 2, s, s)
-        Ai, Di = Xv[:, :, 0], Xv[:, :, 1]
-        Cb = Lf.view(M, n2, 2, s, n2, 2, s).diagonal(dim1=1, dim2=4)[:, 1, :, 0].permute(0, 3, 1, 2)
-        Y = Lf.new_zeros(M, n2, 2 * s, 2 * s)
-        Y[:, :, :s, :s] = Ai
-        Y[:, :, s:, s:] = Di
-        Y[:, :, s:, :s] = torch.matmul(Di, torch.matmul(Cb, Ai)).neg_()
-        X = Y
-        s *= 2
-    return X.view(*bs, C, C)
+@dataclass
+class _Decay:
+    """The gate of every chunk, from b = cumulative log-decay since the chunk start (float64)."""
+
+    vec: bool  # per-channel gate ([N, Z, C, K] decays) rather than one per head
+    tril: torch.Tensor  # [C, C] bool, lower triangle incl. the diagonal
+    b: torch.Tensor | None  # [N, Z, C(, K)] float64; None: no gate
+    eb: torch.Tensor | None  # Gamma_t (<= 1), [N, Z, C, 1 | K]
+    gam: torch.Tensor | None  # Gamma_C, the decay over a whole chunk, [N, Z(, K)]
+    Dm: torch.Tensor | None  # [N, Z, C, C] exp(b_i - b_j), masked to j <= i (scalar gates / no gate)
+    kd: torch.Tensor  # keys decayed to the chunk end, Gamma_C Gamma_t^-1 k_t
+    T_span: torch.Tensor | None  # exp(sum g) over the whole span (plain families, when T is asked for)
+
+    def scale_state(self, gam_c: torch.Tensor) -> torch.Tensor:
+        """One chunk's Gamma_C shaped to multiply a [Z, K, V] state."""
+        return gam_c.unsqueeze(-1) if self.vec else gam_c.view(-1, 1, 1)
+
+
+def _chunk_inputs(q, k, v, beta, scale, N: int, C: int) -> _Chunked:
+    B, _, H = k.shape[:3]
+    K = k.shape[3]
+    kc = _to_chunks(k, N, C)
+    vc = _to_chunks(v, N, C) if v is not None else kc.new_zeros(N, B * H, C, 0)
+    qc = _to_chunks(q, N, C, scale=scale) if q is not None else None
+    bc = _to_chunks(beta, N, C) if beta is not None else None
+    return _Chunked(N, B * H, C, K, vc.shape[-1], kc, vc, qc, bc)
+
+
+def _chunk_decay(g, kind: str, ch: _Chunked, B: int, T: int, H: int, span_T: bool) -> _Decay:
+    """Decay factors of every chunk; `span_T`: also the whole span's exp(sum g)."""
+    N, C, kc = ch.N, ch.C, ch.kc
+    vec = kind == "vector"
+    tril = torch.ones(C, C, dtype=torch.bool, device=kc.device).tril()
+    if kind == "none":
+        return _Decay(vec, tril, None, None, None, tril.float(), kc, None)
+    gb = g.view(1, 1, H).expand(B, T, H) if kind == "const" else g
+    b = _to_chunks(gb, N, C, torch.float64).cumsum_(2)  # [N, Z, C(, K)]
+    bl = b[:, :, -1:]
+    T_span = exp_clamped(bl.squeeze(2).sum(0).float()) if span_T else None  # [Z(, K)]
+    eb = exp_clamped(b.float())  # Gamma_t (<= 1)
+    ebC = exp_clamped((bl - b).float())  # Gamma_C Gamma_t^-1 (<= 1)
+    gam = exp_clamped(bl.squeeze(2).float())  # [N, Z(, K)]
+    Dm = None
+    if not vec:
+        Dm = (b.unsqueeze(-1) - b.unsqueeze(-2)).float().clamp_(EXP_FLOOR, 0.0).exp_().masked_fill_(~tril, 0.0)
+        eb, ebC = eb.unsqueeze(-1), ebC.unsqueeze(-1)
+    return _Decay(vec, tril, b, eb, gam, Dm, kc * ebC, T_span)
+
+
+def _intra_scores(ch: _Chunked, dec: _Decay, delta: bool):
+    """(A, Lm, kb): q-k scores A (lower incl. diagonal; None without q), beta k-k scores Lm of the
+    delta rule (only the strict lower triangle is read, by the solve; None for plain families) and,
+    for per-channel delta, the beta-scaled keys kb (rows of the score matrix and of the W
+    right-hand side). The scalar path folds beta into Lm and the W right-hand side instead (fewer
+    elementwise passes)."""
+    N, Z, C, K, kc, qc, bc = ch.N, ch.Z, ch.C, ch.K, ch.kc, ch.qc, ch.bc
+    A = Lm = None
+    kb = (kc * bc.unsqueeze(-1) if bc is not None else kc) if (delta and dec.vec) else None
+    if dec.vec:
+        rows = ([qc] if qc is not None else []) + ([kb] if delta else [])
+        if rows:
+            flat = lambda x: x.view(N * Z, C, K)
+            sc = vec_scores([flat(x) for x in rows], flat(kc), dec.b.view(N * Z, C, K)).view(len(rows), N, Z, C, C)
+            if qc is not None:
+                A = sc[0].masked_fill_(~dec.tril, 0.0)
+            if delta:
+                Lm = sc[-1]
+    else:
+        if qc is not None:
+            A = torch.matmul(qc, kc.transpose(-1, -2)).mul_(dec.Dm)
+        if delta:
+            Lm = torch.matmul(kc, kc.transpose(-1, -2))
+            Lm.mul_(dec.Dm if bc is None else bc.unsqueeze(-1) * dec.Dm)
+    return A, Lm, kb
+
+
+def _plain_scan(ch: _Chunked, dec: _Decay, A, S0, want_T: bool):
+    """Plain families: (chunk outputs [N, Z, C, V] or None, final state [Z, K, V], T or None)."""
+    N, Z, C, K, V, kc, vc, qc, bc = ch.N, ch.Z, ch.C, ch.K, ch.V, ch.kc, ch.vc, ch.qc, ch.bc
+    vb = vc * bc.unsqueeze(-1) if bc is not None else vc
+    # chunk writes (one batched matmul), then one op per chunk for the scan of chunk states
+    upd = torch.matmul(dec.kd.transpose(-1, -2), vb)  # [N, Z, K, V]
+    Xs = kc.new_empty(N + 1, Z, K, V)  # Xs[c] = state entering chunk c
+    if S0 is not None:
+        Xs[0].copy_(S0)
+    else:
+        Xs[0].zero_()
+    for c in range(N):
+        if dec.gam is not None:
+            torch.addcmul(upd[c], Xs[c], dec.scale_state(dec.gam[c]), out=Xs[c + 1])
+        else:
+            torch.add(Xs[c], upd[c], out=Xs[c + 1])
+    S = Xs[N].clone()  # (no view into the chunk-state buffer)
+    o_c = None
+    if qc is not None:
+        qg = qc * dec.eb if dec.b is not None else qc
+        o_c = torch.baddbmm(
+            torch.matmul(A, vb).view(N * Z, C, V), qg.view(N * Z, C, K), Xs[:N].view(N * Z, K, V)
+        ).view(N, Z, C, V)
+    T_out = None
+    if want_T:  # no gate: identity transition
+        T_out = dec.T_span if dec.T_span is not None else torch.ones(Z, device=kc.device)
+    return o_c, S, T_out
+
+
+def _delta_uw(ch: _Chunked, dec: _Decay, Lm, kb, want_T: bool):
+    """The UT transform: U = (I+L)^-1 beta v and W = (I+L)^-1 beta Gamma k, one solve for both
+    (U padded with K zero columns when T is asked for: the identity-started columns get zero values)."""
+    V, kc, vc, bc, eb = ch.V, ch.kc, ch.vc, ch.bc, dec.eb
+    Minv = unit_lower_inv(Lm)  # (I + L)^-1, reads only the strict lower triangle of Lm
+    rhs = kc.new_empty(ch.N, ch.Z, ch.C, V + ch.K)
+    if bc is not None:
+        torch.mul(vc, bc.unsqueeze(-1), out=rhs[..., :V])
+    else:
+        rhs[..., :V].copy_(vc)
+    if dec.vec:
+        torch.mul(kb, eb, out=rhs[..., V:])
+    elif dec.b is not None:
+        torch.mul(kc, eb * bc.unsqueeze(-1) if bc is not None else eb, out=rhs[..., V:])
+    elif bc is not None:
+        torch.mul(kc, bc.unsqueeze(-1), out=rhs[..., V:])
+    else:
+        rhs[..., V:].copy_(kc)
+    UW = torch.matmul(Minv, rhs)  # [N, Z, C, V + K]
+    U, W = UW[..., :V], UW[..., V:]
+    if want_T:
+        U = F.pad(U, (0, ch.K))
+    return U, W
+
+
+def _delta_scan(ch: _Chunked, dec: _Decay, A, Lm, kb, S0, want_T: bool):
+    """Delta families: (chunk outputs or None, final state [Z, K, V], T [Z, K, K] or None).
+
+    The outputs need the state entering every chunk and every chunk's new values (V columns only).
+    Without T the loop writes them in place into history buffers; with T (K augmented columns
+    started at the identity) or without outputs it runs on two work buffers and keeps the V part."""
+    N, Z, C, K, V, kc, qc = ch.N, ch.Z, ch.C, ch.K, ch.V, ch.kc, ch.qc
+    U, W = _delta_uw(ch, dec, Lm, kb, want_T)
+    Vx = V + (K if want_T else 0)
+    kdT = dec.kd.transpose(-1, -2)
+    keep = qc is not None
+    in_place = keep and not want_T
+    if in_place:
+        Xs = kc.new_empty(N + 1, Z, K, V)  # Xs[c] = state entering chunk c
+        dl = kc.new_empty(N, Z, C, V)
+        X = Xs[0]
+    else:
+        X, Xn = kc.new_empty(Z, K, Vx), kc.new_empty(Z, K, Vx)
+        dw = kc.new_empty(Z, C, Vx)
+        if keep:
+            starts, dl = kc.new_empty(N, Z, K, V), kc.new_empty(N, Z, C, V)
+    X.zero_()
+    if S0 is not None:
+        X[..., :V].copy_(S0)
+    if want_T:
+        X[..., V:].copy_(torch.eye(K, device=kc.device))
+    for c in range(N):
+        if in_place:
+            X, Xn, d = Xs[c], Xs[c + 1], dl[c]
+        else:
+            d = dw
+            if keep:
+                starts[c].copy_(X[..., :V])
+        torch.baddbmm(U[c], W[c], X, alpha=-1.0, out=d)  # new values d = U - W S
+        if dec.gam is not None:
+            torch.mul(X, dec.scale_state(dec.gam[c]), out=Xn)
+            Xn.baddbmm_(kdT[c], d)
+        else:
+            torch.baddbmm(X, kdT[c], d, out=Xn)
+        if not in_place:
+            if keep:
+                dl[c].copy_(d[..., :V])
+            X, Xn = Xn, X
+    if in_place:
+        X, starts = Xs[N], Xs[:N]
+    S = X[..., :V].clone()
+    T_out = X[..., V:].clone() if want_T else None
+    o_c = None
+    if qc is not None:
+        qg = qc * dec.eb if dec.b is not None else qc
+        o_c = torch.matmul(A, dl).add_(torch.matmul(qg, starts))
+    return o_c, S, T_out
 
 
 def _chunk_core(
@@ -220,153 +336,21 @@ def _chunk_core(
     if T == 0:
         S = S0.clone() if S0 is not None else torch.zeros(Z, K, V, device=dev)
         o = torch.empty(B, 0, H, V, dtype=out_dtype, device=dev) if q is not None else None
-        return o, S.view(B, H, K, V), (_empty_T(kind, delta, B, H, K, dev) if want_T else None)
+        form = "matrix" if delta else "vector" if kind == "vector" else "scalar"
+        return o, S.view(B, H, K, V), (identity_transition(form, B, H, K, dev) if want_T else None)
 
     C = _chunk_len(T, chunk_size)
     N = -(-T // C)
-
-    kc = _to_chunks(k, N, C)  # [N, Z, C, K]
-    vc = _to_chunks(v, N, C) if v is not None else kc.new_zeros(N, Z, C, 0)
-    qc = _to_chunks(q, N, C, scale=scale) if q is not None else None
-    bc = _to_chunks(beta, N, C) if beta is not None else None  # [N, Z, C]
-
-    # ---- gates: cumulative log-decay inside each chunk, summed in float64 ----
-    T_out = None
-    vec = kind == "vector"
-    tril = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
-    b = None
-    if kind != "none":
-        gb = g.view(1, 1, H).expand(B, T, H) if kind == "const" else g
-        b = _to_chunks(gb, N, C, torch.float64).cumsum_(2)  # [N, Z, C(, K)]
-        bl = b[:, :, -1:]
-        if want_T and not delta:
-            T_out = _exp(bl.squeeze(2).sum(0).float())  # [Z(, K)]
-        eb = _exp(b.float())  # Gamma_t (<= 1)
-        ebC = _exp((bl - b).float())  # Gamma_C Gamma_t^-1 (<= 1)
-        gam = _exp(bl.squeeze(2).float())  # [N, Z(, K)]
-        if not vec:
-            Dm = (b.unsqueeze(-1) - b.unsqueeze(-2)).float().clamp_(EXP_FLOOR, 0.0).exp_().masked_fill_(~tril, 0.0)
-            eb, ebC = eb.unsqueeze(-1), ebC.unsqueeze(-1)
-        kd = kc * ebC  # keys decayed to the chunk end (write the chunk-end state)
+    ch = _chunk_inputs(q, k, v, beta, scale, N, C)
+    dec = _chunk_decay(g, kind, ch, B, T, H, span_T=want_T and not delta)
+    A, Lm, kb = _intra_scores(ch, dec, delta)
+    if delta:
+        o_c, S, T_out = _delta_scan(ch, dec, A, Lm, kb, S0, want_T)
     else:
-        Dm = tril.float()
-        kd = kc
-        gam = None
-    gmul = (lambda x: x.unsqueeze(-1)) if vec else (lambda x: x.view(Z, 1, 1))
-
-    # ---- intra-chunk score matrices ----
-    A = None  # q-k scores, lower incl. diagonal
-    Lm = None  # beta k-k scores; only the strict lower triangle is read (by the solve)
-    # beta-scaled keys: needed as rows of the per-channel score matrix; the scalar path folds beta
-    # into the score matrix and into the W right-hand side instead (fewer elementwise passes)
-    kb = (kc * bc.unsqueeze(-1) if bc is not None else kc) if (delta and vec) else None
-    if vec:
-        rows = ([qc] if qc is not None else []) + ([kb] if delta else [])
-        if rows:
-            flat = lambda x: x.view(N * Z, C, K)
-            sc = _intra_vec([flat(x) for x in rows], flat(kc), b.view(N * Z, C, K)).view(len(rows), N, Z, C, C)
-            if qc is not None:
-                A = sc[0].masked_fill_(~tril, 0.0)
-            if delta:
-                Lm = sc[-1]
-    else:
-        if qc is not None:
-            A = torch.matmul(qc, kc.transpose(-1, -2)).mul_(Dm)
-        if delta:
-            Lm = torch.matmul(kc, kc.transpose(-1, -2))
-            Lm.mul_(Dm if bc is None else bc.unsqueeze(-1) * Dm)
-
-    o_c = None
-    if not delta:
-        vb = vc * bc.unsqueeze(-1) if bc is not None else vc
-        # chunk writes (one batched matmul), then one op per chunk for the scan of chunk states
-        upd = torch.matmul(kd.transpose(-1, -2), vb)  # [N, Z, K, V]
-        Xs = kc.new_empty(N + 1, Z, K, V)  # Xs[c] = state entering chunk c
-        if S0 is not None:
-            Xs[0].copy_(S0)
-        else:
-            Xs[0].zero_()
-        for c in range(N):
-            if gam is not None:
-                torch.addcmul(upd[c], Xs[c], gmul(gam[c]), out=Xs[c + 1])
-            else:
-                torch.add(Xs[c], upd[c], out=Xs[c + 1])
-        S = Xs[N].clone()  # (no view into the chunk-state buffer)
-        if qc is not None:
-            qg = qc * eb if b is not None else qc
-            o_c = torch.baddbmm(
-                torch.matmul(A, vb).view(N * Z, C, V), qg.view(N * Z, C, K), Xs[:N].view(N * Z, K, V)
-            ).view(N, Z, C, V)
-        if want_T and T_out is None:  # no gate: identity transition
-            T_out = torch.ones(Z, device=dev)
-    else:
-        Minv = _unit_lower_inv(Lm)  # (I + L)^-1, reads only the strict lower triangle of Lm
-        rhs = kc.new_empty(N, Z, C, V + K)
-        if bc is not None:
-            torch.mul(vc, bc.unsqueeze(-1), out=rhs[..., :V])
-        else:
-            rhs[..., :V].copy_(vc)
-        if vec:
-            torch.mul(kb, eb, out=rhs[..., V:])
-        elif b is not None:
-            torch.mul(kc, eb * bc.unsqueeze(-1) if bc is not None else eb, out=rhs[..., V:])
-        elif bc is not None:
-            torch.mul(kc, bc.unsqueeze(-1), out=rhs[..., V:])
-        else:
-            rhs[..., V:].copy_(kc)
-        UW = torch.matmul(Minv, rhs)  # [N, Z, C, V + K]: U = (I+L)^-1 beta v, W = (I+L)^-1 beta Gamma k
-        U, W = UW[..., :V], UW[..., V:]
-        Vx = V + (K if want_T else 0)
-        if want_T:  # the identity-started columns get zero values
-            U = F.pad(U, (0, K))
-        kdT = kd.transpose(-1, -2)
-        # The outputs need the state entering every chunk and every chunk's new values (V columns
-        # only). Without T the loop writes them in place into history buffers; with T (augmented
-        # columns) or without outputs it runs on two work buffers and keeps just the V part.
-        keep = qc is not None
-        in_place = keep and not want_T
-        if in_place:
-            Xs = kc.new_empty(N + 1, Z, K, V)  # Xs[c] = state entering chunk c
-            dl = kc.new_empty(N, Z, C, V)
-            X = Xs[0]
-        else:
-            X, Xn = kc.new_empty(Z, K, Vx), kc.new_empty(Z, K, Vx)
-            dw = kc.new_empty(Z, C, Vx)
-            if keep:
-                starts, dl = kc.new_empty(N, Z, K, V), kc.new_empty(N, Z, C, V)
-        X.zero_()
-        if S0 is not None:
-            X[..., :V].copy_(S0)
-        if want_T:
-            X[..., V:].copy_(torch.eye(K, device=dev))
-        for c in range(N):
-            if in_place:
-                X, Xn, d = Xs[c], Xs[c + 1], dl[c]
-            else:
-                d = dw
-                if keep:
-                    starts[c].copy_(X[..., :V])
-            torch.baddbmm(U[c], W[c], X, alpha=-1.0, out=d)  # new values d = U - W S
-            if gam is not None:
-                torch.mul(X, gmul(gam[c]), out=Xn)
-                Xn.baddbmm_(kdT[c], d)
-            else:
-                torch.baddbmm(X, kdT[c], d, out=Xn)
-            if not in_place:
-                if keep:
-                    dl[c].copy_(d[..., :V])
-                X, Xn = Xn, X
-        if in_place:
-            X, starts = Xs[N], Xs[:N]
-        S = X[..., :V].clone()
-        if want_T:
-            T_out = X[..., V:].clone()
-        if qc is not None:
-            qg = qc * eb if b is not None else qc
-            o_c = torch.matmul(A, dl).add_(torch.matmul(qg, starts))
+        o_c, S, T_out = _plain_scan(ch, dec, A, S0, want_T)
 
     o = None
-    if qc is not None:
+    if o_c is not None:
         o_full = _from_chunks(o_c, B, H, T)
         if out is not None:
             out.copy_(o_full)
@@ -379,12 +363,13 @@ def _chunk_core(
     return o, S, T_out
 
 
-def _empty_T(kind, delta, B, H, K, dev):
-    if delta:
-        return torch.eye(K, device=dev).expand(B, H, K, K).clone()
-    if kind == "vector":
-        return torch.ones(B, H, K, device=dev)
-    return torch.ones(B, H, device=dev)
+def identity_transition(form: str, B: int, H: int, K: int, device) -> torch.Tensor:
+    """T of an empty span in structured `form` (fp32): ones, or the identity for "matrix"."""
+    if form == "matrix":
+        return torch.eye(K, device=device).expand(B, H, K, K).clone()
+    if form == "vector":
+        return torch.ones(B, H, K, device=device)
+    return torch.ones(B, H, device=device)
 
 
 def chunk_linear_attn(
@@ -471,6 +456,7 @@ def chunk_kda(q, k, v, g, beta, initial_state=None, scale=None):
 __all__ = [
     "SAFE_EXP",
     "default_chunk_size",
+    "identity_transition",
     "chunk_linear_attn",
     "chunk_with_transition",
     "chunk_retnet",

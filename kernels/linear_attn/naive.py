@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import torch
 
-FAMILIES = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda")
-DELTA_FAMILIES = ("deltanet", "gated_deltanet", "kda")
+from .families import DELTA_FAMILIES, FAMILIES  # noqa: F401  (re-exported; the table lives there)
 
 
 def expand_gate(g: torch.Tensor | None, B: int, T: int, H: int, K: int) -> torch.Tensor | None:

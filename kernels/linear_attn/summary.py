@@ -1,4 +1,4 @@
-"""Segment summaries: transition operators and their composition (DESIGN.md section 1).
+"""Segment summaries: transition operators and their composition (docs/design.md §2).
 
 For a segment C = (t_1 .. t_n) of a linear layer, with S_t = A_t S_{t-1} + (write of token t):
 
@@ -22,20 +22,15 @@ from dataclasses import dataclass
 
 import torch
 
-from .chunk import chunk_with_transition, default_chunk_size
-from .conv import causal_conv1d, conv_tail
-from .naive import DELTA_FAMILIES, FAMILIES
-from .rope import apply_rope, rope_rotation
+from .chunk import chunk_with_transition, default_chunk_size, identity_transition
+from .families import check_inputs, family
 
 _FORMS = ("scalar", "vector", "matrix")
 
 
-def summary_form(family: str) -> str:
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}")
-    if family in DELTA_FAMILIES:
-        return "matrix"
-    return "vector" if family == "gla" else "scalar"
+def summary_form(name: str) -> str:
+    """The form of the family's transition T (see kernels.linear_attn.families)."""
+    return family(name).form
 
 
 @dataclass
@@ -58,24 +53,6 @@ class Summary:
         return self.T.numel() * self.T.element_size() + self.S.numel() * self.S.element_size()
 
 
-def _form_of_T(T: torch.Tensor, S: torch.Tensor) -> str:
-    d = S.dim() - T.dim()
-    if d == 2:
-        return "scalar"
-    if d == 1:
-        return "vector"
-    if d == 0:
-        return "matrix"
-    raise ValueError(f"T {tuple(T.shape)} does not fit S {tuple(S.shape)}")
-
-
-def _check_gate(family, g, beta):
-    if family in ("retnet", "mamba2", "gla", "gated_deltanet", "kda") and g is None:
-        raise ValueError(f"{family} needs a gate g")
-    if family in DELTA_FAMILIES and beta is None:
-        raise ValueError(f"{family} needs beta")
-
-
 def segment_summary(
     family: str,
     k: torch.Tensor,
@@ -86,13 +63,10 @@ def segment_summary(
     chunk_size: int | None = None,
 ) -> Summary:
     """(T_C, S(C|0)) of the segment given by k [B,T,H,K], v [B,T,H,V] and its gates (fp32 out)."""
-    form = summary_form(family)
-    _check_gate(family, g, beta)
+    f = check_inputs(family, g, beta)
     chunk_size = chunk_size or default_chunk_size(family, k.device)
-    _, S, T = chunk_with_transition(
-        None, k, v, g=g, beta=beta, delta=family in DELTA_FAMILIES, chunk_size=chunk_size
-    )
-    return Summary(T.float(), S, form)
+    _, S, T = chunk_with_transition(None, k, v, g=g, beta=beta, delta=f.delta, chunk_size=chunk_size)
+    return Summary(T.float(), S, f.form)
 
 
 def prefill_with_summary(
@@ -112,17 +86,15 @@ def prefill_with_summary(
     With ``initial_state`` None the end state is S(C|0) itself. Otherwise S(C|0) is recovered as
     end - T . initial_state (exact up to rounding).
     """
-    form = summary_form(family)
-    _check_gate(family, g, beta)
-    if scale is None and family == "mamba2":
+    f = check_inputs(family, g, beta)
+    if scale is None and f.unit_scale:
         scale = 1.0
     chunk_size = chunk_size or default_chunk_size(family, k.device)
     o, S, T = chunk_with_transition(
-        q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale,
-        delta=family in DELTA_FAMILIES, chunk_size=chunk_size,
+        q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=f.delta, chunk_size=chunk_size,
     )
-    S0 = S if initial_state is None else S - _apply_T(T, initial_state.float(), form)
-    return o, S, Summary(T.float(), S0, form)
+    S0 = S if initial_state is None else S - _apply_T(T, initial_state.float(), f.form)
+    return o, S, Summary(T.float(), S0, f.form)
 
 
 def _apply_T(T: torch.Tensor, X: torch.Tensor, form: str) -> torch.Tensor:
@@ -169,7 +141,7 @@ def naive_add(summary: Summary, S_in: torch.Tensor | None) -> torch.Tensor:
 
 def rerotate(summary_or_state, R: torch.Tensor):
     """Re-rotate a segment cached at offset 0 for reuse at offset D, with R = R(D) [K, K]
-    (broadcastable, e.g. from :func:`rope_rotation`; R acts on the key dimension).
+    (broadcastable, [K, K] or batched; R acts on the key dimension).
 
     state S [.., K, V]  -> R S
     Summary             -> (R T R^T, R S) for the matrix form; scalar T is unchanged; a vector
@@ -194,13 +166,10 @@ __all__ = [
     "summary_form",
     "segment_summary",
     "prefill_with_summary",
+    "identity_transition",
     "compose",
     "compose_chain",
     "merge",
     "naive_add",
     "rerotate",
-    "rope_rotation",
-    "apply_rope",
-    "causal_conv1d",
-    "conv_tail",
 ]

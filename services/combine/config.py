@@ -24,7 +24,7 @@ def _h(text: str) -> dict:
 @dataclass
 class CombineConfig:
     """A combine worker: composes entries as they arrive, recomputes seams, prefills the query and
-    decodes (DESIGN §2, §4)."""
+    decodes (docs/design.md §3, §5)."""
 
     # --- model ---------------------------------------------------------------------------
     model: Optional[Path] = field(default=None, metadata=_h("checkpoint directory (required)"))

@@ -23,7 +23,8 @@ from typing import Any, Awaitable, Callable
 import grpc
 import structlog
 
-from common.pic.entry import SegmentEntry
+from common.engine import HybridEngine
+from common.pic.entry import EntryMismatch, SegmentEntry
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlUnavailable
 from common.rpc.segcache_client import ChecksumError, SegcacheClient, checksum
@@ -195,11 +196,11 @@ class RequestCtx:
 
     cfg: CombineConfig
     peers: Peers
-    engine: Any
+    engine: HybridEngine
     run: Callable[..., Awaitable[Any]]  # runs a function on the engine thread
     request_id: str
     deadline: Deadline
-    seam: int  # the seam width entries must have (0 in naive mode)
+    seam: int  # the seam width entries must have (common.modes.seam_for)
     dtype: str
     scatter_addresses: list[str]
     segcache_address: str | None
@@ -229,16 +230,12 @@ class RequestCtx:
 
 
 def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
-    """The entry must be exactly what the plan asks for; otherwise it is rebuilt."""
-    e = ctx.engine
-    if entry.model_fingerprint != e.fingerprint:
-        raise BadEntry("mismatch", f"entry built for another model ({entry.model_fingerprint[:12]})")
-    if entry.seam != ctx.seam:
-        raise BadEntry("mismatch", f"entry built with seam {entry.seam}, the plan uses {ctx.seam}")
-    if entry.dtype != ctx.dtype:
-        raise BadEntry("mismatch", f"entry built in {entry.dtype}, the plan uses {ctx.dtype}")
-    if entry.token_ids != ids:
-        raise BadEntry("mismatch", "entry holds other tokens than the segment")
+    """The entry must be exactly what the plan asks for (SegmentEntry.check, through the engine,
+    which knows its layer layout); otherwise it is rebuilt."""
+    try:
+        ctx.engine.check_entry(entry, ids, ctx.seam)
+    except EntryMismatch as e:
+        raise BadEntry("mismatch", str(e)) from None
 
 
 async def parse_entry(data: bytes, ctx: RequestCtx, ids: list[int]) -> SegmentEntry:

@@ -24,7 +24,7 @@ FALLBACKS = Counter("combine_fallbacks", "Fetches or builds that failed and were
                     ["what", "reason"])
 # order: segment (each segment once it and those before it are in hand) | layer (one layer-major
 # pass once every entry is in) | mixed (one layer-major pass over the plan's leading run of hits,
-# then segment by segment); hypic and naive requests only.
+# then segment by segment); hypic and additive requests only.
 COMPOSITIONS = Counter("combine_compositions", "Prompt states composed from entries, by order",
                        ["order"])
 REQUESTS = Counter("combine_requests", "Execute calls by mode and outcome", ["mode", "outcome"])

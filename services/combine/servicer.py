@@ -15,6 +15,7 @@ import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,9 +23,12 @@ import grpc
 import structlog
 import torch
 
-from common.engine import pick_token  # the sampler engine.generate uses
+from common import modes
+from common.engine import HybridEngine, pick_token  # the sampler engine.generate uses
 from common.pic import compose_segment, prefill_layer_major, prefill_segments
-from common.pic.entry import dtype_name, segment_key
+from common.pic.entry import dtype_name
+from common.rpc.abort import Abort
+from common.rpc.checks import check_model, expected_key
 from common.rpc.log import new_request_id
 from protos.hypic.v1 import combine_pb2 as pb
 from protos.hypic.v1 import combine_pb2_grpc as pb_grpc
@@ -36,20 +40,31 @@ from services.combine.fetch import Acquired, Deadline, DeadlineExceeded, Peers, 
 log = structlog.get_logger("combine.servicer")
 
 SERVICE_NAME = "hypic.v1.Combine"
-MODES = {rpb.PREFILL_MODE_HYPIC: "hypic", rpb.PREFILL_MODE_FULL: "full",
-         rpb.PREFILL_MODE_PREFIX: "prefix", rpb.PREFILL_MODE_NAIVE: "naive"}
 SOURCES = {pb.SOURCE_SEGCACHE: "segcache", pb.SOURCE_SCATTER: "scatter", pb.SOURCE_LOCAL: "local"}
 
 
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self.code = code
-        self.details = details
+def _mode_label(value: int) -> str:
+    """The metrics label of a plan's mode, even when it is not a mode."""
+    try:
+        return modes.from_wire(value)
+    except ValueError:
+        return "unknown"
 
 
-def _invalid(details: str) -> _Abort:
-    return _Abort(grpc.StatusCode.INVALID_ARGUMENT, details)
+@dataclass
+class _Execution:
+    """One Execute call, as its stages share it."""
+    plan: pb.Plan
+    mode: str  # canonical (common.modes)
+    segs: list[list[int]]
+    keys: list[str]
+    query: list[int]
+    ctx: RequestCtx
+    t_start: float
+    timings: rpb.Timings
+    order: str | None  # compose order (_compose_order); None: the mode recomputes instead
+    lead: int  # segments composed in the leading layer-major pass
+    tasks: list[asyncio.Task] = field(default_factory=list)  # one fetch per segment
 
 
 class _SeamTimer:
@@ -91,7 +106,7 @@ def eos_token_ids(engine: Any, model_dir: Path) -> set[int]:
 
 
 class CombineServicer(pb_grpc.CombineServicer):
-    def __init__(self, cfg: CombineConfig, engine: Any):
+    def __init__(self, cfg: CombineConfig, engine: HybridEngine):
         self.cfg = cfg
         self.engine = engine
         self.dtype = dtype_name(engine.dtype)
@@ -111,54 +126,71 @@ class CombineServicer(pb_grpc.CombineServicer):
 
     # ---- validation ---------------------------------------------------------------------
     def _validate(self, plan: pb.Plan) -> tuple[str, list[list[int]], list[str], list[int]]:
-        mode = MODES.get(plan.mode)
-        if mode is None:
-            raise _invalid(f"unknown prefill mode {plan.mode}")
-        if not plan.segments:
-            raise _invalid("no segments")
-        if not plan.query:
-            raise _invalid("empty query: the next-token logits come from the query's last token")
-        if plan.max_tokens == 0:
-            raise _invalid("max_tokens must be > 0")
-        if plan.max_tokens > self.cfg.max_new_tokens:
-            raise _invalid(f"max_tokens {plan.max_tokens} > {self.cfg.max_new_tokens}")
-        if not (math.isfinite(plan.temperature) and plan.temperature >= 0):
-            raise _invalid("temperature must be a finite number >= 0")
-        total = sum(len(s.token_ids) for s in plan.segments) + len(plan.query)
-        if total > self.cfg.max_prompt_tokens:
-            raise _invalid(f"prompt of {total} tokens; at most {self.cfg.max_prompt_tokens}")
-        n_addr = len(plan.scatter_addresses)
-        segs: list[list[int]] = []
-        for i, s in enumerate(plan.segments):
-            if not s.token_ids:
-                raise _invalid(f"segment {i} is empty")
-            if s.source not in SOURCES:
-                raise _invalid(f"segment {i}: unknown source {s.source}")
-            if s.source == pb.SOURCE_SCATTER and s.worker >= n_addr:
-                raise _invalid(f"segment {i}: worker {s.worker} but {n_addr} scatter addresses")
-            try:
-                segs.append(self.engine.check_tokens(s.token_ids))
-            except ValueError as e:
-                raise _invalid(f"segment {i}: {e}") from None
+        """(canonical mode, segments, keys, query) of a plan; Abort on anything malformed."""
+        try:
+            mode = modes.from_wire(plan.mode)
+        except ValueError as e:
+            raise Abort.invalid(str(e)) from None
+        self._check_limits(plan)
+        segs = [self._check_segment(plan, i, s) for i, s in enumerate(plan.segments)]
         try:
             query = self.engine.check_tokens(plan.query)
         except ValueError as e:
-            raise _invalid(f"query: {e}") from None
-        if plan.model_fingerprint != self.engine.fingerprint:
-            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                         f"model fingerprint {plan.model_fingerprint[:12]!r} is not this worker's "
-                         f"({self.engine.fingerprint[:12]})")
-        if plan.dtype != self.dtype:
-            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                         f"dtype {plan.dtype!r} is not this worker's ({self.dtype})")
-        seam = 0 if mode == "naive" else int(plan.seam)
-        keys = [segment_key(self.engine.fingerprint, seam, self.dtype, ids) for ids in segs]
-        if mode in ("hypic", "naive"):
-            for i, (s, k) in enumerate(zip(plan.segments, keys)):
-                if s.key and s.key != k:
-                    raise _invalid(f"segment {i}: key {s.key[:16]!r} is not segment_key(...) "
-                                   f"of its tokens with seam {seam} ({k[:16]})")
+            raise Abort.invalid(f"query: {e}") from None
+        check_model(plan.model_fingerprint, plan.dtype, worker_fingerprint=self.engine.fingerprint,
+                    worker_dtype=self.dtype)
+        seam = modes.seam_for(mode, int(plan.seam))
+        # Only modes that use entries carry keys; the others' keys are never read.
+        fingerprint, uses_entries = self.engine.fingerprint, modes.uses_entries(mode)
+        keys = [expected_key(s.key if uses_entries else "", ids, fingerprint=fingerprint, seam=seam,
+                             dtype=self.dtype, what=f"segment {i}: key")
+                for i, (s, ids) in enumerate(zip(plan.segments, segs))]
         return mode, segs, keys, query
+
+    def _check_limits(self, plan: pb.Plan) -> None:
+        if not plan.segments:
+            raise Abort.invalid("no segments")
+        if not plan.query:
+            raise Abort.invalid("empty query: the next-token logits come from the query's last token")
+        if plan.max_tokens == 0:
+            raise Abort.invalid("max_tokens must be > 0")
+        if plan.max_tokens > self.cfg.max_new_tokens:
+            raise Abort.invalid(f"max_tokens {plan.max_tokens} > {self.cfg.max_new_tokens}")
+        if not (math.isfinite(plan.temperature) and plan.temperature >= 0):
+            raise Abort.invalid("temperature must be a finite number >= 0")
+        total = sum(len(s.token_ids) for s in plan.segments) + len(plan.query)
+        if total > self.cfg.max_prompt_tokens:
+            raise Abort.invalid(f"prompt of {total} tokens; at most {self.cfg.max_prompt_tokens}")
+
+    def _check_segment(self, plan: pb.Plan, i: int, s: pb.PlannedSegment) -> list[int]:
+        if not s.token_ids:
+            raise Abort.invalid(f"segment {i} is empty")
+        if s.source not in SOURCES:
+            raise Abort.invalid(f"segment {i}: unknown source {s.source}")
+        n_addr = len(plan.scatter_addresses)
+        if s.source == pb.SOURCE_SCATTER and s.worker >= n_addr:
+            raise Abort.invalid(f"segment {i}: worker {s.worker} but {n_addr} scatter addresses")
+        try:
+            return self.engine.check_tokens(s.token_ids)
+        except ValueError as e:
+            raise Abort.invalid(f"segment {i}: {e}") from None
+
+    def _start(self, plan: pb.Plan, rid: str, t_start: float, context) -> _Execution:
+        """A validated plan, ready to run (Abort when it is not valid)."""
+        mode, segs, keys, query = self._validate(plan)
+        remaining = context.time_remaining()
+        ctx = RequestCtx(
+            cfg=self.cfg, peers=self.peers, engine=self.engine, run=self.run, request_id=rid,
+            deadline=Deadline(remaining if remaining is not None else self.cfg.default_timeout_s),
+            seam=modes.seam_for(mode, int(plan.seam)), dtype=self.dtype,
+            scatter_addresses=list(plan.scatter_addresses),
+            segcache_address=plan.segcache_address or self.cfg.segcache_address,
+            store=plan.store_entries,
+            segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == pb.SOURCE_SEGCACHE])
+        timings = rpb.Timings(segments=len(segs), prompt_tokens=sum(len(s) for s in segs) + len(query))
+        order, lead = self._compose_order(mode, plan)
+        return _Execution(plan=plan, mode=mode, segs=segs, keys=keys, query=query, ctx=ctx,
+                          t_start=t_start, timings=timings, order=order, lead=lead)
 
     # ---- RPCs -----------------------------------------------------------------------------
     async def Info(self, request: pb.CombineInfoRequest, context) -> pb.CombineInfoResponse:
@@ -167,82 +199,22 @@ class CombineServicer(pb_grpc.CombineServicer):
                                       dtype=self.dtype, in_flight=self.in_flight)
 
     async def Execute(self, plan: pb.Plan, context):
+        """Run a plan (docs/combine.md): its events, or a status. The stages are in _run."""
         t_start = time.perf_counter()
         rid = plan.request_id or structlog.contextvars.get_contextvars().get("request_id") or new_request_id()
         structlog.contextvars.bind_contextvars(request_id=rid)
-        mode = MODES.get(plan.mode, "unknown")
         try:
-            mode, segs, keys, query = self._validate(plan)
-        except _Abort as e:
-            m.REQUESTS.labels(mode, "rejected").inc()
+            ex = self._start(plan, rid, t_start, context)
+        except Abort as e:
+            m.REQUESTS.labels(_mode_label(plan.mode), "rejected").inc()
             log.info("plan rejected", code=e.code.name, details=e.details)
-            await context.abort(e.code, e.details)
-        remaining = context.time_remaining()
-        deadline = Deadline(remaining if remaining is not None else self.cfg.default_timeout_s)
-        seam = 0 if mode == "naive" else int(plan.seam)
-        ctx = RequestCtx(
-            cfg=self.cfg, peers=self.peers, engine=self.engine, run=self.run, request_id=rid,
-            deadline=deadline, seam=seam, dtype=self.dtype,
-            scatter_addresses=list(plan.scatter_addresses),
-            segcache_address=plan.segcache_address or self.cfg.segcache_address,
-            store=plan.store_entries,
-            segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == pb.SOURCE_SEGCACHE])
-        tasks: list[asyncio.Task] = []
-        timings = rpb.Timings(segments=len(segs),
-                              prompt_tokens=sum(len(s) for s in segs) + len(query))
+            await e.send(context)
         self.in_flight += 1
         m.IN_FLIGHT.inc()
         outcome = "error"
-        order, lead = self._compose_order(mode, plan)
         try:
-            # 1. the prompt state: composed from entries, or recomputed (baselines)
-            if order is not None:
-                state = self.engine.new_state()
-                async for ev in self._compose(ctx, plan, segs, keys, tasks, timings, t_start, lead):
-                    if isinstance(ev, pb.SegmentReady):
-                        yield pb.CombineEvent(segment=ev)
-                    else:
-                        state = ev
-                deadline.left()
-                t = time.perf_counter()
-                logits, state = await self.run(self._query, query, state)
-            else:
-                t = time.perf_counter()
-                logits, state = await self.run(self._baseline, mode, segs, query)
-            timings.query_prefill_s = time.perf_counter() - t
-            m.STAGE_SECONDS.labels("query_prefill").observe(timings.query_prefill_s)
-            # 2. decode: the first token from the prompt's logits, then one step per token
-            gen = torch.Generator().manual_seed(int(plan.seed)) if plan.temperature > 0 else None
-            top_k = min(int(plan.top_k), self.engine.vocab_size)
-            pick = functools.partial(pick_token, temperature=float(plan.temperature), top_k=top_k,
-                                     gen=gen)
-            tok = pick(logits)
-            first = rpb.TokenEvent(token_id=tok, index=0)
-            if plan.return_logits:
-                first.logits.extend(logits.float().tolist())
-            timings.ttft_s = time.perf_counter() - t_start
-            m.STAGE_SECONDS.labels("ttft").observe(timings.ttft_s)
-            yield pb.CombineEvent(token=first)
-            m.TOKENS.inc()
-            for index in range(1, plan.max_tokens):
-                if plan.stop_at_eos and tok in self.eos:
-                    break
-                deadline.left()
-                t = time.perf_counter()
-                tok, state = await self.run(self._step, tok, state, pick)
-                m.STAGE_SECONDS.labels("decode_token").observe(time.perf_counter() - t)
-                yield pb.CombineEvent(token=rpb.TokenEvent(token_id=tok, index=index))
-                m.TOKENS.inc()
-            # 3. let scatter streams end (their segcache Puts) and local stores finish
-            if ctx.background:
-                wait_s = min(self.cfg.background_wait_s, max(0.0, deadline.remaining()))
-                await asyncio.wait(ctx.background, timeout=wait_s)
-            timings.total_s = time.perf_counter() - t_start
-            m.STAGE_SECONDS.labels("total").observe(timings.total_s)
-            log.info("executed", mode=mode, compose_order=order, segments=timings.segments,
-                     hits=timings.hits, misses=timings.misses, prompt_tokens=timings.prompt_tokens,
-                     ttft_s=round(timings.ttft_s, 6), total_s=round(timings.total_s, 6))
-            yield pb.CombineEvent(timings=timings)
+            async for event in self._run(ex):
+                yield event
             outcome = "ok"
         except DeadlineExceeded:
             outcome = "deadline"
@@ -254,31 +226,90 @@ class CombineServicer(pb_grpc.CombineServicer):
         except GeneratorExit:
             outcome = "cancelled"
             raise
-        except _Abort as e:
-            await context.abort(e.code, e.details)
+        except Abort as e:
+            await e.send(context)
         except Exception as e:  # a bug or a model error: say so, keep serving
             log.exception("execute failed")
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
         finally:
-            for t in [*tasks, *ctx.background]:
+            for t in [*ex.tasks, *ex.ctx.background]:
                 if not t.done():
                     t.cancel()
             self.in_flight -= 1
             m.IN_FLIGHT.dec()
-            m.REQUESTS.labels(mode, outcome).inc()
+            m.REQUESTS.labels(ex.mode, outcome).inc()
 
     # ---- stages -----------------------------------------------------------------------------
+    async def _run(self, ex: _Execution):
+        """The prompt state (composed from entries, or recomputed for the baselines), the
+        decode, then the background work; yields the plan's events, timings last."""
+        if ex.order is not None:
+            state = None
+            async for ev in self._compose(ex):
+                if isinstance(ev, pb.SegmentReady):
+                    yield pb.CombineEvent(segment=ev)
+                else:
+                    state = ev
+            ex.ctx.deadline.left()
+            t = time.perf_counter()
+            logits, state = await self.run(self._query, ex.query, state)
+        else:
+            t = time.perf_counter()
+            logits, state = await self.run(self._baseline, ex.mode, ex.segs, ex.query)
+        ex.timings.query_prefill_s = time.perf_counter() - t
+        m.STAGE_SECONDS.labels("query_prefill").observe(ex.timings.query_prefill_s)
+        async for ev in self._decode(ex, logits, state):
+            yield ev
+        await self._settle(ex)
+        yield pb.CombineEvent(timings=ex.timings)
+
+    async def _decode(self, ex: _Execution, logits: torch.Tensor, state):
+        """The first token from the prompt's logits, then one step per token; yields them."""
+        plan = ex.plan
+        gen = torch.Generator().manual_seed(int(plan.seed)) if plan.temperature > 0 else None
+        top_k = min(int(plan.top_k), self.engine.vocab_size)
+        pick = functools.partial(pick_token, temperature=float(plan.temperature), top_k=top_k, gen=gen)
+        tok = pick(logits)
+        first = rpb.TokenEvent(token_id=tok, index=0)
+        if plan.return_logits:
+            first.logits.extend(logits.float().tolist())
+        ex.timings.ttft_s = time.perf_counter() - ex.t_start
+        m.STAGE_SECONDS.labels("ttft").observe(ex.timings.ttft_s)
+        yield pb.CombineEvent(token=first)
+        m.TOKENS.inc()
+        for index in range(1, plan.max_tokens):
+            if plan.stop_at_eos and tok in self.eos:
+                break
+            ex.ctx.deadline.left()
+            t = time.perf_counter()
+            tok, state = await self.run(self._step, tok, state, pick)
+            m.STAGE_SECONDS.labels("decode_token").observe(time.perf_counter() - t)
+            yield pb.CombineEvent(token=rpb.TokenEvent(token_id=tok, index=index))
+            m.TOKENS.inc()
+
+    async def _settle(self, ex: _Execution) -> None:
+        """Let scatter streams end (their segcache Puts) and local stores finish, then log."""
+        ctx, timings = ex.ctx, ex.timings
+        if ctx.background:
+            wait_s = min(self.cfg.background_wait_s, max(0.0, ctx.deadline.remaining()))
+            await asyncio.wait(ctx.background, timeout=wait_s)
+        timings.total_s = time.perf_counter() - ex.t_start
+        m.STAGE_SECONDS.labels("total").observe(timings.total_s)
+        log.info("executed", mode=ex.mode, compose_order=ex.order, segments=timings.segments,
+                 hits=timings.hits, misses=timings.misses, prompt_tokens=timings.prompt_tokens,
+                 ttft_s=round(timings.ttft_s, 6), total_s=round(timings.total_s, 6))
+
     def _compose_order(self, mode: str, plan: pb.Plan) -> tuple[str | None, int]:
         """(order, lead): the first `lead` segments are composed in one layer-major pass, the
         rest segment by segment. order is "layer" (lead = all), "mixed" (a leading run of hits,
         then segment-major), "segment" (lead = 0), or None when the mode recomputes instead."""
-        if mode not in ("hypic", "naive"):
+        if not modes.uses_entries(mode):
             return None, 0
         # Layer-major is faster (all seams go through each layer together) but can only start
         # once its last entry is in. Segcache hits arrive together, so nothing is lost waiting
         # for the plan's leading run of hits; scatter builds arrive one by one, and composing
         # early segments meanwhile is what hides the later builds, so from the first planned
-        # miss on it is segment-major. Naive adds states without seams or T: segment-major only.
+        # miss on it is segment-major. Additive adds states without seams or T: segment-major only.
         if self.cfg.compose_order != "auto" or mode != "hypic":
             return "segment", 0
         lead = 0
@@ -288,18 +319,18 @@ class CombineServicer(pb_grpc.CombineServicer):
             return "layer", lead
         return ("mixed", lead) if lead >= 2 else ("segment", 0)
 
-    async def _compose(self, ctx: RequestCtx, plan: pb.Plan, segs: list[list[int]], keys: list[str],
-                       tasks: list[asyncio.Task], timings: rpb.Timings, t_start: float, lead: int):
+    async def _compose(self, ex: _Execution):
         """Start every segment's fetch at once. The first `lead` segments: once they are all in
         hand (even if some turned out to be misses after all), one layer-major pass. Every
         other segment: composed as soon as it and all before it are in hand. Yields a
         SegmentReady per segment as it arrives (any order) and, last, the composed state."""
+        ctx, segs, tasks, timings, lead = ex.ctx, ex.segs, ex.tasks, ex.timings, ex.lead
         arrivals: asyncio.Queue[int] = asyncio.Queue()
-        for i, (seg, key, ids) in enumerate(zip(plan.segments, keys, segs)):
+        for i, (seg, key, ids) in enumerate(zip(ex.plan.segments, ex.keys, segs)):
             t = asyncio.create_task(acquire(ctx, i, seg, key, ids), name=f"segment-{i}")
             t.add_done_callback(lambda _t, i=i: arrivals.put_nowait(i))
             tasks.append(t)
-        naive = plan.mode == rpb.PREFILL_MODE_NAIVE  # entries with seam 0, added without T
+        additive = ex.mode == "additive"  # entries with seam 0, added without T
         n = len(segs)
         state = self.engine.new_state()
         ready: dict[int, Acquired] = {}
@@ -315,7 +346,7 @@ class CombineServicer(pb_grpc.CombineServicer):
                         i = await asyncio.wait_for(arrivals.get(), ctx.deadline.left())
                     except asyncio.TimeoutError:
                         raise DeadlineExceeded("deadline exceeded") from None
-                ready[i] = a = self._arrived(tasks[i], i, timings, t_start)
+                ready[i] = a = self._arrived(tasks[i], i, timings, ex.t_start)
                 yield pb.SegmentReady(index=i, source=a.source, tier=a.tier, fetch_s=a.fetch_s,
                                       build_s=a.build_s, tokens=len(segs[i]), worker=a.worker,
                                       via_nixl=a.via_nixl)
@@ -330,7 +361,7 @@ class CombineServicer(pb_grpc.CombineServicer):
                 nxt = lead
             else:
                 state, compose_s, seams_s = await self.run(self._compose_one, state,
-                                                           ready.pop(nxt).entry, naive)
+                                                           ready.pop(nxt).entry, additive)
                 timings.compose_s += compose_s
                 timings.seams_s += seams_s
                 m.STAGE_SECONDS.labels("compose").observe(compose_s)
@@ -347,8 +378,8 @@ class CombineServicer(pb_grpc.CombineServicer):
             raise
         except Exception as e:  # only a local build can fail here: nothing else to try
             log.exception("segment could not be built", index=i)
-            raise _Abort(grpc.StatusCode.INTERNAL,
-                         f"segment {i} could not be built: {type(e).__name__}: {e}") from None
+            raise Abort(grpc.StatusCode.INTERNAL,
+                        f"segment {i} could not be built: {type(e).__name__}: {e}") from None
         timings.transfer_s = max(timings.transfer_s, a.arrived - t_start)
         if a.source == pb.SOURCE_SEGCACHE:
             timings.hits += 1
@@ -362,11 +393,11 @@ class CombineServicer(pb_grpc.CombineServicer):
                           "local" if a.source == pb.SOURCE_LOCAL else "grpc").inc()
         return a
 
-    def _compose_one(self, state, entry, naive: bool):
+    def _compose_one(self, state, entry, additive: bool):
         """Engine thread: extend the state by one segment (seam recompute + cached body)."""
         timer = _SeamTimer(self.engine)
         t = time.perf_counter()
-        state = compose_segment(timer, state, entry, naive=naive)
+        state = compose_segment(timer, state, entry, additive=additive)
         total = time.perf_counter() - t
         return state, total - timer.seconds, timer.seconds
 

@@ -1,4 +1,4 @@
-"""Miss placement for the router (DESIGN §3): an online cost model and a load-aware LPT planner.
+"""Miss placement for the router (docs/design.md §4): an online cost model and a load-aware LPT planner.
 
 Pure Python (numpy for a 3×3 solve); no gRPC, no asyncio, no locks: the router calls it from its
 event loop only.

@@ -20,31 +20,25 @@ from typing import Any, AsyncIterator
 import grpc
 import structlog
 
+from common import modes
 from common.fingerprint import segment_key
+from common.rpc.abort import Abort
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.segcache_client import SegcacheClient
 from common.rpc.server import channel_options
 from protos.hypic.v1 import combine_pb2 as cpb
-from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
 from protos.hypic.v1 import router_pb2 as pb
 from protos.hypic.v1 import router_pb2_grpc as pb_grpc
-from protos.hypic.v1 import scatter_pb2 as spb
-from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
 from protos.hypic.v1 import segcache_pb2 as scpb
 from services.router import metrics as m
 from services.router.config import RouterConfig
 from services.router.model import ModelInfo
 from services.router.planner import CostModel, Job, Planner, Ticket
+from services.router.pools import BACKOFF_OPTIONS, CombinePool, ScatterPool
 
 log = structlog.get_logger("router.servicer")
 
 SERVICE_NAME = "hypic.v1.Router"
-MODE_NAMES = {pb.PREFILL_MODE_HYPIC: "hypic", pb.PREFILL_MODE_FULL: "full",
-              pb.PREFILL_MODE_PREFIX: "prefix", pb.PREFILL_MODE_NAIVE: "naive"}
-# Reconnect quickly after a peer restarts (grpc's default backoff grows to 120 s). The connect
-# timeout itself ("grpc.min_reconnect_backoff_ms", 20 s) stays grpc's default.
-BACKOFF_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200),
-                   ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 def tier_name(tier: int) -> str:
@@ -56,113 +50,8 @@ def _norm_tier(text: str) -> str:
     return text.strip().lower().removeprefix("tier_")
 
 
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self.code = code
-        self.details = details
-
-
 def _sanitize_id(text: str) -> str:
     return "".join(c for c in text if c.isprintable())[:64]
-
-
-# ---- downstream pools -----------------------------------------------------------------------
-
-@dataclass(eq=False)
-class _Combine:
-    address: str
-    channel: grpc.aio.Channel
-    stub: cpb_grpc.CombineStub
-    in_flight: int = 0
-    cooldown_until: float = 0.0
-
-    def connected(self) -> bool:
-        return self.channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY
-
-
-class CombinePool:
-    """Picks a combine: healthy ones first, then fewest requests in flight, round-robin on ties."""
-
-    def __init__(self, addresses: list[str], options: list, cooldown_s: float):
-        self.cooldown_s = cooldown_s
-        self.items = []
-        for a in addresses:
-            ch = grpc.aio.insecure_channel(a, options=options)
-            self.items.append(_Combine(a, ch, cpb_grpc.CombineStub(ch)))
-        self._rr = 0
-
-    def order(self) -> list[_Combine]:
-        now = time.monotonic()
-        n = len(self.items)
-        self._rr = (self._rr + 1) % max(n, 1)
-        ranked = sorted(range(n), key=lambda i: (self.items[i].cooldown_until > now,
-                                                 self.items[i].in_flight, (i - self._rr) % n))
-        return [self.items[i] for i in ranked]
-
-    def failed(self, c: _Combine) -> None:
-        c.cooldown_until = time.monotonic() + self.cooldown_s
-
-    async def close(self) -> None:
-        for c in self.items:
-            await c.channel.close()
-
-
-class ScatterPool:
-    """Scatter.Load polls: external load and up/down state for the planner."""
-
-    def __init__(self, addresses: list[str], options: list, planner: Planner, fingerprint: str,
-                 timeout_s: float):
-        self.addresses = addresses
-        self.planner = planner
-        self.fingerprint = fingerprint
-        self.timeout_s = timeout_s
-        self.channels = [grpc.aio.insecure_channel(a, options=options) for a in addresses]
-        self.stubs = [spb_grpc.ScatterStub(ch) for ch in self.channels]
-        self._warned: set[int] = set()
-
-    async def poll_once(self) -> None:
-        async def one(w: int) -> None:
-            try:
-                r = await self.stubs[w].Load(spb.LoadRequest(), timeout=self.timeout_s)
-            except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    self.planner.mark_down(w, False)  # an older worker: no Load, still usable
-                    return
-                if not self.planner.is_down(w):
-                    log.warning("scatter worker not answering", worker=self.addresses[w],
-                                code=e.code().name)
-                self.planner.mark_down(w, True)
-                m.WORKER_UP.labels(self.addresses[w]).set(0)
-                return
-            if r.model_fingerprint and self.fingerprint and r.model_fingerprint != self.fingerprint:
-                if w not in self._warned:
-                    self._warned.add(w)
-                    log.error("scatter worker serves another model; not assigning to it",
-                              worker=self.addresses[w], theirs=r.model_fingerprint,
-                              ours=self.fingerprint)
-                self.planner.mark_down(w, True)
-                m.WORKER_UP.labels(self.addresses[w]).set(0)
-                return
-            if self.planner.is_down(w):
-                log.info("scatter worker back", worker=self.addresses[w])
-            self.planner.mark_down(w, False)
-            self.planner.set_external_load(w, r.in_flight, r.queued_tokens)
-            m.WORKER_UP.labels(self.addresses[w]).set(1)
-
-        await asyncio.gather(*(one(w) for w in range(len(self.stubs))))
-
-    async def run(self, period_s: float) -> None:
-        while True:
-            try:
-                await self.poll_once()
-            except Exception:  # never let the poller die
-                log.exception("scatter load poll failed")
-            await asyncio.sleep(period_s)
-
-    async def close(self) -> None:
-        for ch in self.channels:
-            await ch.close()
 
 
 # ---- per-request state ----------------------------------------------------------------------
@@ -189,7 +78,10 @@ class _Request:
 
     @property
     def mode_name(self) -> str:
-        return MODE_NAMES.get(self.mode, str(self.mode))
+        try:
+            return modes.from_wire(self.mode)
+        except ValueError:
+            return str(self.mode)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -272,10 +164,10 @@ class RouterServicer(pb_grpc.RouterServicer):
             async with contextlib.aclosing(self._execute(plan, req)) as events:
                 async for ev in events:
                     yield ev
-        except _Abort as e:
+        except Abort as e:
             code = e.code.name
             log.info("request failed", code=code, details=e.details)
-            await context.abort(e.code, e.details)
+            await e.send(context)
         except (asyncio.CancelledError, GeneratorExit):  # the client went away
             code = "CANCELLED"
             log.info("request cancelled", tokens_sent=req.tokens_sent)
@@ -297,27 +189,29 @@ class RouterServicer(pb_grpc.RouterServicer):
         """Validate and tokenize (INVALID_ARGUMENT on anything malformed)."""
         cfg = self.cfg
         bad = grpc.StatusCode.INVALID_ARGUMENT
-        if request.mode not in MODE_NAMES:
-            raise _Abort(bad, f"unknown prefill mode {request.mode}")
+        try:
+            modes.from_wire(request.mode)
+        except ValueError as e:
+            raise Abort(bad, str(e)) from None
         if not request.segments:
-            raise _Abort(bad, "no segments")
+            raise Abort(bad, "no segments")
         if len(request.segments) > cfg.max_segments:
-            raise _Abort(bad, f"{len(request.segments)} segments; at most {cfg.max_segments}")
+            raise Abort(bad, f"{len(request.segments)} segments; at most {cfg.max_segments}")
         if request.max_tokens <= 0:
-            raise _Abort(bad, "max_tokens must be > 0")
+            raise Abort(bad, "max_tokens must be > 0")
         if request.max_tokens > cfg.max_tokens_limit:
-            raise _Abort(bad, f"max_tokens {request.max_tokens} over the limit {cfg.max_tokens_limit}")
+            raise Abort(bad, f"max_tokens {request.max_tokens} over the limit {cfg.max_tokens_limit}")
         if not (math.isfinite(request.temperature) and request.temperature >= 0):
-            raise _Abort(bad, "temperature must be a finite number >= 0")
+            raise Abort(bad, "temperature must be a finite number >= 0")
         parts = list(request.segments) + [request.query]
         names = [f"segment {i}" for i in range(len(request.segments))] + ["query"]
         ids: list[list[int] | None] = []
         texts: list[tuple[int, str]] = []
         for i, (seg, name) in enumerate(zip(parts, names)):
             if seg.text and len(seg.token_ids):
-                raise _Abort(bad, f"{name} mixes text and token ids")
+                raise Abort(bad, f"{name} mixes text and token ids")
             if not seg.text and not len(seg.token_ids):
-                raise _Abort(bad, f"{name} is empty")
+                raise Abort(bad, f"{name} is empty")
             if seg.text:
                 texts.append((i, seg.text))
                 ids.append(None)
@@ -325,11 +219,11 @@ class RouterServicer(pb_grpc.RouterServicer):
                 ids.append(list(seg.token_ids))
         if texts:
             if self.model.tokenizer is None:
-                raise _Abort(bad, "the model has no tokenizer: send token ids")
+                raise Abort(bad, "the model has no tokenizer: send token ids")
             # A prompt's text can be at most ~max_prompt_tokens * a generous bytes-per-token.
             chars = sum(len(t) for _, t in texts)
             if chars > 64 * cfg.max_prompt_tokens:
-                raise _Abort(bad, f"prompt text of {chars} characters is over max_prompt_tokens")
+                raise Abort(bad, f"prompt text of {chars} characters is over max_prompt_tokens")
             t = time.perf_counter()
             loop = asyncio.get_running_loop()
             encoded = await loop.run_in_executor(self.executor, self.model.encode_batch,
@@ -338,17 +232,17 @@ class RouterServicer(pb_grpc.RouterServicer):
             m.STAGE.labels("tokenize").observe(req.tokenize_s)
             for (i, _), e in zip(texts, encoded):
                 if not e:
-                    raise _Abort(bad, f"{names[i]} tokenizes to no tokens")
+                    raise Abort(bad, f"{names[i]} tokenizes to no tokens")
                 ids[i] = e
         vocab = self.model.vocab_size
         total = 0
         for seq, name in zip(ids, names):
             top = max(seq)
             if top >= vocab:
-                raise _Abort(bad, f"{name}: token id {top} outside the vocabulary [0, {vocab})")
+                raise Abort(bad, f"{name}: token id {top} outside the vocabulary [0, {vocab})")
             total += len(seq)
         if total > cfg.max_prompt_tokens:
-            raise _Abort(bad, f"prompt of {total} tokens is over max_prompt_tokens "
+            raise Abort(bad, f"prompt of {total} tokens is over max_prompt_tokens "
                               f"({cfg.max_prompt_tokens})")
         req.segments = ids[:-1]  # type: ignore[assignment]
         req.query = ids[-1]  # type: ignore[assignment]
@@ -389,12 +283,12 @@ class RouterServicer(pb_grpc.RouterServicer):
 
     async def _plan(self, request: pb.GenerateRequest, req: _Request) -> cpb.Plan:
         cfg = self.cfg
-        mode = request.mode
-        cached_modes = mode in (pb.PREFILL_MODE_HYPIC, pb.PREFILL_MODE_NAIVE)
-        seam = 0 if mode == pb.PREFILL_MODE_NAIVE else cfg.seam
+        mode = modes.from_wire(request.mode)
+        cached_modes = modes.uses_entries(mode)
+        seam = modes.seam_for(mode, cfg.seam)
         plan = cpb.Plan(
             request_id=req.rid, query=req.query, seam=seam,
-            model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=mode,
+            model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=request.mode,
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
             seed=request.seed, return_logits=request.return_logits,
             stop_at_eos=request.stop_at_eos, scatter_addresses=self.scatter_addresses,
@@ -497,7 +391,7 @@ class RouterServicer(pb_grpc.RouterServicer):
         for c in self.combines.order():
             remaining = req.remaining()
             if remaining <= 0:
-                raise _Abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before combine")
+                raise Abort(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded before combine")
             # Stop a little before the client's deadline so that an unreachable combine can be
             # reported as UNAVAILABLE while the client still listens.
             timeout = remaining - min(0.25, 0.1 * remaining)
@@ -545,10 +439,10 @@ class RouterServicer(pb_grpc.RouterServicer):
                                 code=code.name, details=e.details())
                     continue
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise _Abort(code, f"deadline exceeded (combine {c.address})") from None
-                raise _Abort(code, f"combine {c.address}: {e.details()}") from None
+                    raise Abort(code, f"deadline exceeded (combine {c.address})") from None
+                raise Abort(code, f"combine {c.address}: {e.details()}") from None
             finally:
                 c.in_flight -= 1
                 call.cancel()
-        raise _Abort(grpc.StatusCode.UNAVAILABLE,
-                     f"no combine service available ({last_error or 'none configured'})")
+        raise Abort(grpc.StatusCode.UNAVAILABLE,
+                    f"no combine service available ({last_error or 'none configured'})")

@@ -22,7 +22,7 @@ def _h(text: str) -> dict:
 
 @dataclass
 class ScatterConfig:
-    """A scatter worker: prefills one segment alone and builds its entry (DESIGN §3)."""
+    """A scatter worker: prefills one segment alone and builds its entry (docs/design.md §4)."""
 
     # --- model ---------------------------------------------------------------------------
     model: Optional[Path] = field(default=None, metadata=_h("checkpoint directory (required)"))

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from common.pic.entry import dtype_name, segment_key
+from common.engine import HybridEngine
+from common.pic.entry import dtype_name
+from common.rpc.abort import Abort
+from common.rpc.checks import check_model, expected_key
 from common.rpc.segcache_client import SegcacheClient, checksum
 from protos.hypic.v1 import scatter_pb2 as pb
 from protos.hypic.v1 import scatter_pb2_grpc as pb_grpc
@@ -28,13 +31,6 @@ from services.scatter.config import ScatterConfig
 log = structlog.get_logger("scatter.servicer")
 
 SERVICE_NAME = "hypic.v1.Scatter"
-
-
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 @dataclass
@@ -60,7 +56,7 @@ class Flight:
 
 
 class ScatterServicer(pb_grpc.ScatterServicer):
-    def __init__(self, cfg: ScatterConfig, engine, executor: Executor,
+    def __init__(self, cfg: ScatterConfig, engine: HybridEngine, executor: Executor,
                  segcache: SegcacheClient | None, worker: str):
         self.cfg = cfg
         self.engine = engine
@@ -74,25 +70,17 @@ class ScatterServicer(pb_grpc.ScatterServicer):
     # ---- validation ---------------------------------------------------------------------
     def _validate(self, req: pb.BuildRequest) -> list[int]:
         if not req.token_ids:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "empty segment")
+            raise Abort.invalid("empty segment")
         if len(req.token_ids) > self.cfg.max_segment_tokens:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"{len(req.token_ids)} tokens; at most {self.cfg.max_segment_tokens}")
+            raise Abort.invalid(f"{len(req.token_ids)} tokens; at most {self.cfg.max_segment_tokens}")
         try:
             ids = self.engine.check_tokens(req.token_ids)
         except ValueError as e:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        if req.model_fingerprint != self.engine.fingerprint:
-            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                         f"model fingerprint {req.model_fingerprint[:12]!r} is not this worker's "
-                         f"({self.engine.fingerprint[:12]})")
-        if req.dtype != self.dtype:
-            raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                         f"dtype {req.dtype!r} is not this worker's ({self.dtype})")
-        want = segment_key(self.engine.fingerprint, int(req.seam), self.dtype, ids)
-        if req.key != want:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"key {req.key[:16]!r} is not segment_key(...) of the request ({want[:16]})")
+            raise Abort.invalid(str(e)) from None
+        check_model(req.model_fingerprint, req.dtype, worker_fingerprint=self.engine.fingerprint,
+                    worker_dtype=self.dtype)
+        expected_key(req.key, ids, fingerprint=self.engine.fingerprint, seam=int(req.seam), dtype=self.dtype,
+                     required=True)
         return ids
 
     # ---- the flight ---------------------------------------------------------------------
@@ -120,8 +108,8 @@ class ScatterServicer(pb_grpc.ScatterServicer):
         except Exception as e:
             m.BUILDS.labels("error").inc()
             log.exception("build failed", key=fl.key, tokens=len(fl.token_ids))
-            fl.result.set_exception(_Abort(grpc.StatusCode.INTERNAL,
-                                           f"build failed: {type(e).__name__}: {e}"))
+            fl.result.set_exception(Abort(grpc.StatusCode.INTERNAL,
+                                          f"build failed: {type(e).__name__}: {e}"))
             return
         self._done_building(fl)
         m.BUILDS.labels("ok").inc()
@@ -146,7 +134,7 @@ class ScatterServicer(pb_grpc.ScatterServicer):
         if self.flights.get(fl.key) is fl:
             del self.flights[fl.key]
         if not fl.result.done():
-            fl.result.set_exception(_Abort(grpc.StatusCode.CANCELLED, "build dropped"))
+            fl.result.set_exception(Abort(grpc.StatusCode.CANCELLED, "build dropped"))
         if not fl.stored.done():
             fl.stored.set_result(False)
         for f in (fl.result, task):  # mark exceptions retrieved: waiters may all be gone
@@ -196,16 +184,16 @@ class ScatterServicer(pb_grpc.ScatterServicer):
     async def Build(self, request: pb.BuildRequest, context):
         try:
             ids = self._validate(request)
-        except _Abort as e:
-            await context.abort(e.code, e.details)
+        except Abort as e:
+            await e.send(context)
         rid = request.request_id or (structlog.contextvars.get_contextvars().get("request_id") or "")
         fl, shared = self._join(request.key, ids, int(request.seam), rid, request.store)
         fl.waiters += 1
         try:
             try:
                 built: Built = await asyncio.shield(fl.result)
-            except _Abort as e:
-                await context.abort(e.code, e.details)
+            except Abort as e:
+                await e.send(context)
             limit = self.cfg.max_message_bytes - 4096
             chunk = max(1, min(request.chunk_bytes or self.cfg.chunk_bytes, limit))
             data = memoryview(built.data)

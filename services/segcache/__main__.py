@@ -8,17 +8,12 @@ tests and launchers learn an ephemeral port. `--help` lists every flag and its e
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import REGISTRY
 
-from common.rpc.config import ConfigError, describe, load_config
-from common.rpc.log import setup_logging
-from common.rpc.metrics import start_metrics_server
-from common.rpc.server import (build_server, mark_serving, run, shutdown,
-                               wait_for_shutdown_signal, write_port_file)
+from common.rpc import service
 from protos.hypic.v1 import segcache_pb2_grpc
 from services.segcache.config import ENV_PREFIX, SegcacheConfig
 from services.segcache.metrics import StoreCollector
@@ -27,51 +22,50 @@ from services.segcache.servicer import SERVICE_NAME, SegcacheServicer
 from services.segcache.store import SegmentStore
 
 
-async def serve(cfg: SegcacheConfig) -> None:
-    log = setup_logging("segcache", cfg.log_level, json=cfg.log_json)
-    log.info("starting", config=describe(cfg))
-    executor = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="segcache-io")
-    store = SegmentStore(cfg)
-    leases = LeaseManager(store, enabled=cfg.nixl, backend=cfg.nixl_backend, ttl_s=cfg.lease_ttl_s)
-    REGISTRY.register(StoreCollector(store, lambda: leases.active))
-    server, port, health = build_server("segcache", host=cfg.host, port=cfg.port,
-                                        max_message_bytes=cfg.max_message_bytes)
-    segcache_pb2_grpc.add_SegcacheServicer_to_server(
-        SegcacheServicer(cfg, store, leases, executor), server)
-    await server.start()
-    await mark_serving(health, SERVICE_NAME)
-    metrics_port = start_metrics_server(cfg.metrics_port, cfg.metrics_host)
+class SegcacheService(service.Service):
+    name = "segcache"
+    grpc_service = SERVICE_NAME
+    cfg: SegcacheConfig
 
-    async def reap() -> None:
-        period = max(0.05, min(1.0, cfg.lease_ttl_s / 4))
+    async def prepare(self) -> None:
+        cfg = self.cfg
+        self.executor = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="segcache-io")
+        self.store = SegmentStore(cfg)
+        self.leases = LeaseManager(self.store, enabled=cfg.nixl, backend=cfg.nixl_backend,
+                                   ttl_s=cfg.lease_ttl_s)
+        REGISTRY.register(StoreCollector(self.store, lambda: self.leases.active))
+
+    def register(self, server, port: int) -> None:
+        segcache_pb2_grpc.add_SegcacheServicer_to_server(
+            SegcacheServicer(self.cfg, self.store, self.leases, self.executor), server)
+
+    async def started(self) -> None:
+        self.reaper = asyncio.create_task(self._reap())
+
+    async def _reap(self) -> None:
+        """Expire lapsed NIXL leases, a few times per lease TTL."""
+        period = max(0.05, min(1.0, self.cfg.lease_ttl_s / 4))
         while True:
             await asyncio.sleep(period)
-            await asyncio.get_running_loop().run_in_executor(executor, leases.expire)
+            await asyncio.get_running_loop().run_in_executor(self.executor, self.leases.expire)
 
-    reaper = asyncio.create_task(reap())
-    write_port_file(cfg.port_file, port=port, metrics_port=metrics_port, pid=os.getpid(),
-                    nixl=leases.available)
-    log.info("serving", host=cfg.host, port=port, metrics_port=metrics_port,
-             nixl=leases.available, nixl_reason=leases.reason or None)
-    sig = await wait_for_shutdown_signal()
-    log.info("shutting down", signal=sig)
-    reaper.cancel()
-    await shutdown(server, health, grace_s=cfg.grace_s)
-    leases.close()
-    executor.shutdown(wait=True)
-    store.close()
-    log.info("stopped")
+    def port_info(self) -> dict:
+        return {"nixl": self.leases.available}
+
+    def serving_info(self) -> dict:
+        return {"nixl": self.leases.available, "nixl_reason": self.leases.reason or None}
+
+    async def stopping(self) -> None:
+        self.reaper.cancel()
+
+    async def close(self) -> None:
+        self.leases.close()
+        self.executor.shutdown(wait=True)
+        self.store.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        cfg = load_config(SegcacheConfig, sys.argv[1:] if argv is None else argv,
-                          env_prefix=ENV_PREFIX, prog="python -m services.segcache")
-    except ConfigError as e:
-        print(f"segcache: configuration error: {e}", file=sys.stderr)
-        return 2
-    run(lambda: serve(cfg))
-    return 0
+    return service.main(SegcacheService, SegcacheConfig, ENV_PREFIX, argv)
 
 
 if __name__ == "__main__":

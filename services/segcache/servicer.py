@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import structlog
 
+from common.rpc.abort import Abort
 from common.rpc.nixl_util import NixlUnavailable
 from protos.hypic.v1 import segcache_pb2 as pb
 from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
@@ -22,13 +23,6 @@ from services.segcache.store import EntryInfo, SegcacheError, SegmentStore
 log = structlog.get_logger("segcache.servicer")
 
 SERVICE_NAME = "hypic.v1.Segcache"
-
-
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 def entry_pb(info: EntryInfo) -> pb.EntryInfo:
@@ -52,32 +46,31 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
 
     # ---- helpers ----------------------------------------------------------------------------
     async def _io(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        """Run a blocking store call on the I/O threads; store errors become _Abort."""
+        """Run a blocking store call on the I/O threads; store errors become Abort."""
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kw))
         except SegcacheError as e:
-            raise _Abort(_status(e), str(e)) from None
+            raise Abort(_status(e), str(e)) from None
 
     def _key(self, key: str) -> str:
         try:
             return self.store.validate_key(key)
         except SegcacheError as e:
-            raise _Abort(_status(e), str(e)) from None
+            raise Abort(_status(e), str(e)) from None
 
     def _keys(self, keys: Any) -> list[str]:
         keys = list(keys)
         if not keys:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "no keys given")
+            raise Abort.invalid("no keys given")
         if len(keys) > self.cfg.max_lookup_keys:
-            raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                         f"{len(keys)} keys; at most {self.cfg.max_lookup_keys} per call")
+            raise Abort.invalid(f"{len(keys)} keys; at most {self.cfg.max_lookup_keys} per call")
         return [self._key(k) for k in keys]
 
     @staticmethod
     async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
-        if isinstance(exc, _Abort):
-            await context.abort(exc.code, exc.details)
+        if isinstance(exc, Abort):
+            await exc.send(context)
         log.exception("internal error", error=str(exc))
         await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
 
@@ -100,35 +93,31 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             async for msg in request_iterator:
                 if header is None:
                     if not msg.HasField("header"):
-                        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                     "the first Put message must carry the header")
+                        raise Abort.invalid("the first Put message must carry the header")
                     header = msg.header
                     self._key(header.key)
                     if header.size == 0:
-                        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "entry size must be > 0")
+                        raise Abort.invalid("entry size must be > 0")
                     if not (math.isfinite(header.recompute_cost_s) and header.recompute_cost_s >= 0):
-                        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                     "recompute_cost_s must be a finite number >= 0")
+                        raise Abort.invalid("recompute_cost_s must be a finite number >= 0")
                     try:
                         self.store.check_size(header.size)
                     except SegcacheError as e:
-                        raise _Abort(_status(e), str(e)) from None
+                        raise Abort(_status(e), str(e)) from None
                     # numpy, not bytearray: large numpy buffers are hugepage-advised, which
                     # makes NIXL (UCX cma) reads of the host tier 2-3x faster.
                     buf = np.empty(header.size, dtype=np.uint8)
                 elif msg.HasField("header"):
-                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "header sent twice in one Put")
+                    raise Abort.invalid("header sent twice in one Put")
                 data = msg.data
                 if n + len(data) > len(buf):
-                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                 f"more than the declared {len(buf)} bytes")
+                    raise Abort.invalid(f"more than the declared {len(buf)} bytes")
                 buf[n:n + len(data)] = np.frombuffer(data, dtype=np.uint8)
                 n += len(data)
             if header is None:
-                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "empty Put stream")
+                raise Abort.invalid("empty Put stream")
             if n != len(buf):
-                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"stream ended after {n} of {len(buf)} declared bytes")
+                raise Abort.invalid(f"stream ended after {n} of {len(buf)} declared bytes")
             res = await self._io(self.store.put, header.key, buf,
                                  recompute_cost_s=header.recompute_cost_s,
                                  token_count=header.token_count,
@@ -144,7 +133,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             key = self._key(request.key)
             got = await self._io(self.store.get, key)
             if got is None:
-                raise _Abort(grpc.StatusCode.NOT_FOUND, f"not cached: {key}")
+                raise Abort(grpc.StatusCode.NOT_FOUND, f"not cached: {key}")
         except Exception as e:
             await self._fail(context, e)
         info, arr = got
@@ -195,14 +184,14 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         try:
             key = self._key(request.key)
             if not self.leases.available:
-                raise _Abort(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"NIXL unavailable on this server: {self.leases.reason}")
+                raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
+                            f"NIXL unavailable on this server: {self.leases.reason}")
             try:
                 lease = await self._io(self.leases.open, key, request.reader_agent_name)
             except NixlUnavailable as e:
-                raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"NIXL unavailable: {e}") from None
+                raise Abort(grpc.StatusCode.FAILED_PRECONDITION, f"NIXL unavailable: {e}") from None
             if lease is None:
-                raise _Abort(grpc.StatusCode.NOT_FOUND, f"not cached: {key}")
+                raise Abort(grpc.StatusCode.NOT_FOUND, f"not cached: {key}")
         except Exception as e:
             await self._fail(context, e)
         return pb.OpenNixlLeaseResponse(

@@ -1,4 +1,4 @@
-"""The tiered segment store: tiers, eviction, LMDB persistence and checksums (no gRPC here).
+"""The tiered segment store: the index, its tiers and eviction (no gRPC here).
 
 Tiers (numbers as in the proto's Tier enum):
   DEVICE (tier 0)  GPU memory, torch uint8 tensors; only when CUDA is available and
@@ -12,12 +12,10 @@ tier; a hit in a slower tier is promoted one tier up (DISK -> HOST -> DEVICE); e
 DEVICE demotes to HOST, evicting from HOST just drops the copy, and evicting from DISK removes
 the entry (it would otherwise live only in volatile memory).
 
-LMDB holds two databases, written in one transaction per Put:
-  data: key -> 32-byte header (magic "HSC1", version, payload length, blake2b-128 digest) + payload
-  meta: key -> size, recompute cost, token count, pin flag, digest, model fingerprint
-The index is rebuilt from `meta` at start. Bytes read from LMDB are verified against the header
-and the meta digest; a mismatch (bit flips, truncation, a missing value) drops the entry from
-every tier and LMDB and reports a miss. Memory-tier copies were verified when they entered
+The LMDB file and its format, and the write-behind thread, are in lmdb_file.py; the host leases
+of the NIXL path in leases.py; the records (entries, errors, tier counters) in records.py.
+The index is rebuilt from LMDB at start. Bytes read from LMDB are verified; a mismatch (bit
+flips, truncation, a missing value) drops the entry from every tier and LMDB and reports a miss. Memory-tier copies were verified when they entered
 memory (from a Put, or from disk on promotion) and are served as they are.
 
 Locks: `_wlock` serialises every LMDB write (LMDB has one writer anyway) and every structural
@@ -27,221 +25,27 @@ sections. Order: `_wlock` before `_lock`, never the reverse.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import queue
-import struct
 import threading
-from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-import lmdb
 import numpy as np
 import structlog
 
 from services.segcache.config import SegcacheConfig
-from services.segcache.policy import Policy, make_policy
-
-TIER_MISS, TIER_DEVICE, TIER_HOST, TIER_DISK = 0, 1, 2, 3
-TIER_NAMES = {TIER_MISS: "miss", TIER_DEVICE: "device", TIER_HOST: "host", TIER_DISK: "disk"}
-
-MAGIC = b"HSC1"
-FORMAT_VERSION = 1
-DIGEST_BYTES = 16
-# magic, version, flags, payload length, blake2b digest
-HEADER = struct.Struct("<4sHHQ16s")
-# version, flags (bit 0: pinned), pad, token count, size, recompute cost, digest; fingerprint follows
-META = struct.Struct("<BBxxIQd16s")
-META_PINNED = 1
+from services.segcache.leases import HostLeases
+from services.segcache.lmdb_file import LmdbFile, WriteBehind
+from services.segcache.policy import make_policy
+from services.segcache.records import (  # noqa: F401  (re-exported: the store's public names)
+    TIER_DEVICE, TIER_DISK, TIER_HOST, TIER_MISS, TIER_NAMES, CacheFull, ChecksumMismatch, CorruptEntry, Entry,
+    EntryInfo, EntryTooLarge, HostLease, InvalidRequest, PutResult, SegcacheError, TierState, as_array, checksum,
+)
 
 log = structlog.get_logger("segcache.store")
 
 
-# ---- errors -------------------------------------------------------------------------------
-class SegcacheError(Exception):
-    """Base of the store's errors; `code` names the gRPC status the servicer answers with."""
-
-    code = "INTERNAL"
-
-
-class InvalidRequest(SegcacheError):
-    code = "INVALID_ARGUMENT"
-
-
-class EntryTooLarge(SegcacheError):
-    code = "RESOURCE_EXHAUSTED"
-
-
-class CacheFull(SegcacheError):
-    """No room even after evicting every evictable entry (the rest are pinned or leased)."""
-
-    code = "RESOURCE_EXHAUSTED"
-
-
-class ChecksumMismatch(SegcacheError):
-    code = "DATA_LOSS"
-
-
-class CorruptEntry(Exception):
-    """Internal: an LMDB value failed verification."""
-
-
-def checksum(data: Any) -> bytes:
-    """blake2b-128 of a bytes-like object (numpy arrays included)."""
-    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=DIGEST_BYTES).digest()
-
-
-# ---- records ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class EntryInfo:
-    key: str
-    tier: int
-    size: int
-    recompute_cost_s: float
-    token_count: int
-    model_fingerprint: str
-    checksum: bytes
-    pinned: bool
-
-
-@dataclass(frozen=True)
-class PutResult:
-    info: EntryInfo
-    created: bool
-
-
-@dataclass(eq=False)
-class Entry:
-    key: str
-    size: int
-    cost: float
-    tokens: int
-    fingerprint: str
-    digest: bytes
-    pinned: bool = False
-    leases: int = 0
-    hits: int = 0
-    host: np.ndarray | None = None
-    device: Any = None  # torch.Tensor on the GPU
-    on_disk: bool = False
-    deleted: bool = False
-
-    @property
-    def stored_len(self) -> int:
-        return HEADER.size + self.size
-
-    @property
-    def evictable(self) -> bool:
-        return not self.pinned and self.leases == 0 and not self.deleted
-
-    @property
-    def freq(self) -> int:
-        return self.hits + 1
-
-
-@dataclass(eq=False)
-class HostLease:
-    """A host buffer handed to a reader (NIXL). While it is held the entry cannot be evicted;
-    if the entry is deleted meanwhile, the buffer stays alive (and counted) until release."""
-
-    entry: Entry
-    buf: np.ndarray
-    staged: bool  # True: a private copy (entry not host-resident), not part of the host tier
-
-
-@dataclass
-class TierState:
-    tier: int
-    budget: int
-    enabled: bool
-    policy: Policy
-    bytes: int = 0
-    peak: int = 0
-    entries: int = 0
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    promotions: int = 0
-
-    @property
-    def name(self) -> str:
-        return TIER_NAMES[self.tier]
-
-    def add(self, n: int) -> None:
-        self.bytes += n
-        self.entries += 1
-        if self.bytes > self.peak:
-            self.peak = self.bytes
-
-    def sub(self, n: int, count: bool = True) -> None:
-        self.bytes -= n
-        if count:
-            self.entries -= 1
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"tier": self.tier, "name": self.name, "enabled": self.enabled,
-                "budget_bytes": self.budget if self.enabled else 0, "bytes": self.bytes,
-                "peak_bytes": self.peak, "entries": self.entries, "hits": self.hits,
-                "misses": self.misses, "evictions": self.evictions,
-                "promotions": self.promotions}
-
-
-def _as_array(data: Any) -> np.ndarray:
-    """A 1-D uint8 array the store may keep: bytes/bytearray/ndarray are adopted without a
-    copy (the caller must not mutate them afterwards); anything else is copied."""
-    if isinstance(data, np.ndarray):
-        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    if isinstance(data, (bytes, bytearray)):
-        return np.frombuffer(data, dtype=np.uint8)
-    return np.frombuffer(bytes(memoryview(data).cast("B")), dtype=np.uint8)
-
-
-def _encode_meta(e: Entry) -> bytes:
-    flags = META_PINNED if e.pinned else 0
-    return META.pack(FORMAT_VERSION, flags, e.tokens, e.size, e.cost, e.digest) + e.fingerprint.encode()
-
-
-def _decode_meta(key: str, raw: bytes) -> Entry:
-    if len(raw) < META.size:
-        raise CorruptEntry("short meta record")
-    version, flags, tokens, size, cost, digest = META.unpack_from(raw)
-    if version != FORMAT_VERSION or size <= 0 or not math.isfinite(cost):
-        raise CorruptEntry("bad meta record")
-    fp = bytes(raw[META.size:]).decode("utf-8")
-    return Entry(key=key, size=size, cost=cost, tokens=tokens, fingerprint=fp, digest=digest,
-                 pinned=bool(flags & META_PINNED), on_disk=True)
-
-
-def encode_value(arr: np.ndarray, digest: bytes) -> bytearray:
-    """The LMDB value: fixed header + payload, in one buffer (one LMDB value, one commit)."""
-    value = bytearray(HEADER.size + arr.nbytes)
-    HEADER.pack_into(value, 0, MAGIC, FORMAT_VERSION, 0, arr.nbytes, digest)
-    np.frombuffer(value, dtype=np.uint8, offset=HEADER.size)[:] = arr
-    return value
-
-
-def decode_value(buf: Any, expect_size: int, expect_digest: bytes) -> np.ndarray:
-    """Verify an LMDB value and copy its payload out (buf may be a zero-copy LMDB buffer)."""
-    mv = memoryview(buf)
-    if len(mv) < HEADER.size:
-        raise CorruptEntry("value shorter than its header")
-    magic, version, _flags, length, digest = HEADER.unpack_from(mv)
-    if magic != MAGIC or version != FORMAT_VERSION:
-        raise CorruptEntry("bad magic/version")
-    if length != expect_size or len(mv) != HEADER.size + length:
-        raise CorruptEntry(f"length mismatch (header {length}, value {len(mv) - HEADER.size}, meta {expect_size})")
-    if digest != expect_digest:
-        raise CorruptEntry("header digest differs from meta digest")
-    payload = mv[HEADER.size:]
-    if checksum(payload) != digest:
-        raise CorruptEntry("payload checksum mismatch")
-    out = np.empty(length, dtype=np.uint8)
-    out[:] = np.frombuffer(payload, dtype=np.uint8)
-    return out
-
-
 # ---- the store ----------------------------------------------------------------------------
-class SegmentStore:
+class SegmentStore(HostLeases):
     def __init__(self, cfg: SegcacheConfig):
         self.cfg = cfg
         self._lock = threading.RLock()
@@ -276,44 +80,18 @@ class SegmentStore:
         self.disk = TierState(TIER_DISK, cfg.disk_bytes, True, make_policy(cfg.policy))
         self.tiers = (self.device, self.host, self.disk)
 
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        self._env = lmdb.open(str(cfg.data_dir), map_size=cfg.map_size, max_dbs=4, subdir=True,
-                              sync=cfg.lmdb_sync, metasync=cfg.lmdb_sync, readahead=False,
-                              max_readers=512)
-        self._data_db = self._env.open_db(b"data")
-        self._meta_db = self._env.open_db(b"meta")
+        self._lmdb = LmdbFile(cfg)
         self._load_index()
-
-        self._queue: queue.Queue[str | None] | None = None
-        self._writer: threading.Thread | None = None
-        if not cfg.write_through:
-            self._queue = queue.Queue()
-            self._writer = threading.Thread(target=self._writer_loop, name="segcache-writer", daemon=True)
-            self._writer.start()
+        self._writer = None if cfg.write_through else WriteBehind(self._write_behind)
 
     # ---- start-up -------------------------------------------------------------------------
     def _load_index(self) -> None:
-        bad: list[bytes] = []
-        with self._env.begin() as txn:
-            for kb, raw in txn.cursor(db=self._meta_db):
-                try:
-                    e = _decode_meta(kb.decode("utf-8"), raw)
-                except (CorruptEntry, UnicodeDecodeError, struct.error):
-                    bad.append(bytes(kb))
-                    continue
-                self._entries[e.key] = e
-            orphans = [bytes(k) for k in txn.cursor(db=self._data_db).iternext(keys=True, values=False)
-                       if bytes(k).decode("utf-8", "replace") not in self._entries]
-        for e in self._entries.values():
+        entries, bad = self._lmdb.load_index()
+        for e in entries:
+            self._entries[e.key] = e
             self.disk.add(e.stored_len)
             self._track(e)
-        if bad or orphans:
-            with self._env.begin(write=True) as txn:
-                for kb in bad + orphans:
-                    txn.delete(kb, db=self._meta_db)
-                    txn.delete(kb, db=self._data_db)
-            self.corrupt_dropped += len(bad)
-            log.warning("dropped unreadable records at start", bad_meta=len(bad), orphans=len(orphans))
+        self.corrupt_dropped += bad
         if self.disk.bytes > self.disk.budget:  # the budget shrank since the last run
             with self._wlock:
                 with self._lock:
@@ -435,30 +213,10 @@ class SegmentStore:
     def _lmdb_commit(self, puts: Sequence[tuple[Entry, np.ndarray]] = (),
                      deletes: Iterable[Entry] = (), meta_only: Sequence[Entry] = ()) -> None:
         """One write transaction (caller holds _wlock)."""
-        deletes = list(deletes)
-        try:
-            with self._env.begin(write=True) as txn:
-                for e in deletes:
-                    kb = e.key.encode()
-                    txn.delete(kb, db=self._data_db)
-                    txn.delete(kb, db=self._meta_db)
-                for e, arr in puts:
-                    kb = e.key.encode()
-                    txn.put(kb, encode_value(arr, e.digest), db=self._data_db)
-                    txn.put(kb, _encode_meta(e), db=self._meta_db)
-                for e in meta_only:
-                    txn.put(e.key.encode(), _encode_meta(e), db=self._meta_db)
-        except lmdb.MapFullError as exc:
-            if puts and deletes:  # still apply the evictions already made in the index
-                self._lmdb_commit(deletes=deletes)
-            raise CacheFull(f"LMDB map full ({self.cfg.map_size} bytes); raise lmdb_map_bytes") from exc
+        self._lmdb.commit(puts, deletes, meta_only)
 
     def _read_disk(self, e: Entry) -> np.ndarray:
-        with self._env.begin(db=self._data_db, buffers=True) as txn:
-            buf = txn.get(e.key.encode())
-            if buf is None:
-                raise CorruptEntry("value missing")
-            return decode_value(buf, e.size, e.digest)
+        return self._lmdb.read(e)
 
     def _drop_corrupt(self, e: Entry, reason: str) -> None:
         with self._wlock:
@@ -514,7 +272,7 @@ class SegmentStore:
             raise InvalidRequest("token_count out of range")
         if len(model_fingerprint.encode()) > 1024:
             raise InvalidRequest("model_fingerprint longer than 1024 bytes")
-        arr = _as_array(data)
+        arr = as_array(data)
         self.check_size(arr.nbytes)
         digest = checksum(arr)
         if expected_checksum and expected_checksum != digest:
@@ -543,8 +301,8 @@ class SegmentStore:
                     self._pending[key] = arr
                 self._place(e, arr, TIER_DEVICE)
                 info = self._info(e)
-        if self._queue is not None:
-            self._queue.put(key)
+        if self._writer is not None:
+            self._writer.submit(key)
         return PutResult(info, created=True)
 
     def lookup(self, keys: Sequence[str]) -> list[EntryInfo | None]:
@@ -667,79 +425,7 @@ class SegmentStore:
                 self._lmdb_commit(meta_only=persist)
         return updated, missing
 
-    # ---- leases (the NIXL path) -----------------------------------------------------------
-    def _lease_host(self, e: Entry, arr: np.ndarray, staged: bool) -> HostLease:
-        e.leases += 1
-        if e.leases == 1:
-            self._untrack(e)
-        if staged:
-            self.staging_bytes += e.size
-        self.leases_active += 1
-        return HostLease(e, arr, staged)
-
-    def acquire_host(self, key: str) -> HostLease | None:
-        """Make key's bytes available in host memory for a remote reader and pin them there
-        until release_host(). Counts as a read. None on a miss (or a corrupt disk copy)."""
-        tensor = None
-        with self._lock:
-            e = self._entries.get(key)
-            if e is None:
-                self._count_read(TIER_MISS)
-                return None
-            if e.host is not None:
-                self._count_read(TIER_HOST)
-                self._touch(e)
-                return self._lease_host(e, e.host, staged=False)
-            if key in self._pending:
-                self._count_read(TIER_HOST)
-                self._touch(e)
-                return self._lease_host(e, self._pending[key], staged=True)
-            if e.device is not None:
-                self._count_read(TIER_DEVICE)
-                self._touch(e)
-                tensor = e.device
-        if tensor is not None:
-            arr = tensor.cpu().numpy()
-            with self._lock:
-                return self._lease_host(e, arr, staged=True)
-        got = self._get_from_disk(e)
-        if got is None:
-            return None
-        with self._lock:
-            cur = self._entries.get(key)
-            if cur is e and e.host is not None:
-                return self._lease_host(e, e.host, staged=False)
-            return self._lease_host(e, got[1], staged=True)
-
-    def release_host(self, lease: HostLease) -> None:
-        with self._lock:
-            e = lease.entry
-            e.leases -= 1
-            self.leases_active -= 1
-            if lease.staged:
-                self.staging_bytes -= e.size
-            if e.leases == 0:
-                if e.deleted:
-                    if e.host is not None:  # the deleted entry's host buffer is freed now
-                        self.host.sub(e.size, count=False)
-                        e.host = None
-                elif self._entries.get(e.key) is e:
-                    self._track(e)
-
-    # ---- write-behind -----------------------------------------------------------------------
-    def _writer_loop(self) -> None:
-        assert self._queue is not None
-        while True:
-            key = self._queue.get()
-            try:
-                if key is None:
-                    return
-                self._write_behind(key)
-            except Exception as exc:  # keep the writer alive
-                log.error("write-behind failed", key=key, error=str(exc))
-            finally:
-                self._queue.task_done()
-
+    # ---- write-behind (the WriteBehind thread calls this) -------------------------------
     def _write_behind(self, key: str) -> None:
         with self._wlock:
             with self._lock:
@@ -769,8 +455,8 @@ class SegmentStore:
 
     def flush(self) -> None:
         """Wait until every write-behind entry is in LMDB (no-op when write-through)."""
-        if self._queue is not None:
-            self._queue.join()
+        if self._writer is not None:
+            self._writer.flush()
 
     # ---- stats / lifecycle ------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -802,12 +488,10 @@ class SegmentStore:
     def close(self) -> None:
         if self._closed:
             return
-        if self._queue is not None:
-            self._queue.put(None)
-            if self._writer is not None:
-                self._writer.join()
+        if self._writer is not None:
+            self._writer.close()
         self._closed = True
-        self._env.close()
+        self._lmdb.close()
 
     def __enter__(self) -> "SegmentStore":
         return self

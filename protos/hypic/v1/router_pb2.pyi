@@ -12,10 +12,12 @@ class PrefillMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PREFILL_MODE_HYPIC: _ClassVar[PrefillMode]
     PREFILL_MODE_FULL: _ClassVar[PrefillMode]
     PREFILL_MODE_PREFIX: _ClassVar[PrefillMode]
+    PREFILL_MODE_ADDITIVE: _ClassVar[PrefillMode]
     PREFILL_MODE_NAIVE: _ClassVar[PrefillMode]
 PREFILL_MODE_HYPIC: PrefillMode
 PREFILL_MODE_FULL: PrefillMode
 PREFILL_MODE_PREFIX: PrefillMode
+PREFILL_MODE_ADDITIVE: PrefillMode
 PREFILL_MODE_NAIVE: PrefillMode
 
 class Segment(_message.Message):

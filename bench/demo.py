@@ -14,15 +14,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-BUNDLED = ROOT / "models" / "hypic-tiny-qwen35"
+import hypic
+from bench.quality.tasks import eval_prompt, make_query
+from hypic.launcher import DEFAULT_MODEL, Mesh
 
 
 def _session(n_questions: int):
     """(documents as text, [(question text, expected answer)]) from the quality tasks' language."""
-    sys.path.insert(0, str(ROOT))
-    from bench.quality.tasks import eval_prompt, make_query
-
     world, _ = eval_prompt("retrieval", 0)
     rng = random.Random(7)
     questions = []
@@ -34,16 +32,13 @@ def _session(n_questions: int):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(BUNDLED))
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
     ap.add_argument("--scatter", type=int, default=2)
     ap.add_argument("--questions", type=int, default=5)
     args = ap.parse_args(argv)
 
-    import hypic
-    from hypic.launcher import Mesh
-
     if not (Path(args.model) / "config.json").exists():
-        print(f"no model at {args.model} (train it: see models/README or bench/quality/train.py)")
+        print(f"no model at {args.model} (train one with bench/quality/train.py)")
         return 2
     docs, questions = _session(args.questions)
     rng = random.Random(0)

@@ -1,0 +1,186 @@
+"""The segment store's persistence: its LMDB file and the write-behind thread (no tiers here).
+
+LMDB holds two databases, written in one transaction per commit:
+  data: key -> 32-byte header (magic "HSC1", version, payload length, blake2b-128 digest) + payload
+  meta: key -> size, recompute cost, token count, pin flag, digest, model fingerprint
+The index is rebuilt from `meta` at start (`LmdbFile.load_index`). Bytes read back are verified
+against the header and the meta digest; a mismatch raises CorruptEntry.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import struct
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+import lmdb
+import numpy as np
+import structlog
+
+from services.segcache.config import SegcacheConfig
+from services.segcache.records import HEADER_BYTES, CacheFull, CorruptEntry, Entry, checksum
+
+MAGIC = b"HSC1"
+FORMAT_VERSION = 1
+# magic, version, flags, payload length, blake2b digest
+HEADER = struct.Struct("<4sHHQ16s")
+assert HEADER.size == HEADER_BYTES
+# version, flags (bit 0: pinned), pad, token count, size, recompute cost, digest; fingerprint follows
+META = struct.Struct("<BBxxIQd16s")
+META_PINNED = 1
+
+log = structlog.get_logger("segcache.store")
+
+
+# ---- the on-disk format -------------------------------------------------------------------
+def encode_meta(e: Entry) -> bytes:
+    flags = META_PINNED if e.pinned else 0
+    return META.pack(FORMAT_VERSION, flags, e.tokens, e.size, e.cost, e.digest) + e.fingerprint.encode()
+
+
+def decode_meta(key: str, raw: bytes) -> Entry:
+    if len(raw) < META.size:
+        raise CorruptEntry("short meta record")
+    version, flags, tokens, size, cost, digest = META.unpack_from(raw)
+    if version != FORMAT_VERSION or size <= 0 or not math.isfinite(cost):
+        raise CorruptEntry("bad meta record")
+    fp = bytes(raw[META.size:]).decode("utf-8")
+    return Entry(key=key, size=size, cost=cost, tokens=tokens, fingerprint=fp, digest=digest,
+                 pinned=bool(flags & META_PINNED), on_disk=True)
+
+
+def encode_value(arr: np.ndarray, digest: bytes) -> bytearray:
+    """The LMDB value: fixed header + payload, in one buffer (one LMDB value, one commit)."""
+    value = bytearray(HEADER.size + arr.nbytes)
+    HEADER.pack_into(value, 0, MAGIC, FORMAT_VERSION, 0, arr.nbytes, digest)
+    np.frombuffer(value, dtype=np.uint8, offset=HEADER.size)[:] = arr
+    return value
+
+
+def decode_value(buf: Any, expect_size: int, expect_digest: bytes) -> np.ndarray:
+    """Verify an LMDB value and copy its payload out (buf may be a zero-copy LMDB buffer)."""
+    mv = memoryview(buf)
+    if len(mv) < HEADER.size:
+        raise CorruptEntry("value shorter than its header")
+    magic, version, _flags, length, digest = HEADER.unpack_from(mv)
+    if magic != MAGIC or version != FORMAT_VERSION:
+        raise CorruptEntry("bad magic/version")
+    if length != expect_size or len(mv) != HEADER.size + length:
+        raise CorruptEntry(f"length mismatch (header {length}, value {len(mv) - HEADER.size}, meta {expect_size})")
+    if digest != expect_digest:
+        raise CorruptEntry("header digest differs from meta digest")
+    payload = mv[HEADER.size:]
+    if checksum(payload) != digest:
+        raise CorruptEntry("payload checksum mismatch")
+    out = np.empty(length, dtype=np.uint8)
+    out[:] = np.frombuffer(payload, dtype=np.uint8)
+    return out
+
+
+
+# ---- the file -----------------------------------------------------------------------------
+class LmdbFile:
+    """The store's LMDB environment and its two databases. Writes: the caller serialises them
+    (the store's `_wlock`; LMDB has one writer anyway)."""
+
+    def __init__(self, cfg: SegcacheConfig):
+        self.map_size = cfg.map_size
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self.env = lmdb.open(str(cfg.data_dir), map_size=cfg.map_size, max_dbs=4, subdir=True,
+                             sync=cfg.lmdb_sync, metasync=cfg.lmdb_sync, readahead=False,
+                             max_readers=512)
+        self.data_db = self.env.open_db(b"data")
+        self.meta_db = self.env.open_db(b"meta")
+
+    def load_index(self) -> tuple[list[Entry], int]:
+        """(every readable entry, the number of unreadable meta records). Unreadable records and
+        data values without a meta record are deleted."""
+        entries: dict[str, Entry] = {}
+        bad: list[bytes] = []
+        with self.env.begin() as txn:
+            for kb, raw in txn.cursor(db=self.meta_db):
+                try:
+                    e = decode_meta(kb.decode("utf-8"), raw)
+                except (CorruptEntry, UnicodeDecodeError, struct.error):
+                    bad.append(bytes(kb))
+                    continue
+                entries[e.key] = e
+            orphans = [bytes(k) for k in txn.cursor(db=self.data_db).iternext(keys=True, values=False)
+                       if bytes(k).decode("utf-8", "replace") not in entries]
+        if bad or orphans:
+            with self.env.begin(write=True) as txn:
+                for kb in bad + orphans:
+                    txn.delete(kb, db=self.meta_db)
+                    txn.delete(kb, db=self.data_db)
+            log.warning("dropped unreadable records at start", bad_meta=len(bad), orphans=len(orphans))
+        return list(entries.values()), len(bad)
+
+    def commit(self, puts: Sequence[tuple[Entry, np.ndarray]] = (),
+               deletes: Iterable[Entry] = (), meta_only: Sequence[Entry] = ()) -> None:
+        """One write transaction."""
+        deletes = list(deletes)
+        try:
+            with self.env.begin(write=True) as txn:
+                for e in deletes:
+                    kb = e.key.encode()
+                    txn.delete(kb, db=self.data_db)
+                    txn.delete(kb, db=self.meta_db)
+                for e, arr in puts:
+                    kb = e.key.encode()
+                    txn.put(kb, encode_value(arr, e.digest), db=self.data_db)
+                    txn.put(kb, encode_meta(e), db=self.meta_db)
+                for e in meta_only:
+                    txn.put(e.key.encode(), encode_meta(e), db=self.meta_db)
+        except lmdb.MapFullError as exc:
+            if puts and deletes:  # still apply the evictions already made in the index
+                self.commit(deletes=deletes)
+            raise CacheFull(f"LMDB map full ({self.map_size} bytes); raise lmdb_map_bytes") from exc
+
+    def read(self, e: Entry) -> np.ndarray:
+        """e's payload, verified (CorruptEntry otherwise)."""
+        with self.env.begin(db=self.data_db, buffers=True) as txn:
+            buf = txn.get(e.key.encode())
+            if buf is None:
+                raise CorruptEntry("value missing")
+            return decode_value(buf, e.size, e.digest)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+# ---- write-behind -------------------------------------------------------------------------
+class WriteBehind:
+    """The write-behind thread: keys submitted by Put are written by `write(key)`, one at a
+    time, in order (write_through=False)."""
+
+    def __init__(self, write: Callable[[str], None]):
+        self._write = write
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="segcache-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, key: str) -> None:
+        self._queue.put(key)
+
+    def flush(self) -> None:
+        """Wait until every submitted key is written."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            key = self._queue.get()
+            try:
+                if key is None:
+                    return
+                self._write(key)
+            except Exception as exc:  # keep the writer alive
+                log.error("write-behind failed", key=key, error=str(exc))
+            finally:
+                self._queue.task_done()

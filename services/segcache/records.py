@@ -1,0 +1,162 @@
+"""The segment store's records: tier numbers, errors, the index entry, leases and tier counters.
+
+Shared by the store (store.py), its LMDB file (lmdb_file.py) and the NIXL lease manager.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from services.segcache.policy import Policy
+
+TIER_MISS, TIER_DEVICE, TIER_HOST, TIER_DISK = 0, 1, 2, 3
+TIER_NAMES = {TIER_MISS: "miss", TIER_DEVICE: "device", TIER_HOST: "host", TIER_DISK: "disk"}
+DIGEST_BYTES = 16
+# The LMDB value's header (lmdb_file.py): magic, version, flags, payload length, blake2b digest.
+# Here because an entry's stored length counts it.
+HEADER_BYTES = 32
+
+
+# ---- errors -------------------------------------------------------------------------------
+class SegcacheError(Exception):
+    """Base of the store's errors; `code` names the gRPC status the servicer answers with."""
+
+    code = "INTERNAL"
+
+
+class InvalidRequest(SegcacheError):
+    code = "INVALID_ARGUMENT"
+
+
+class EntryTooLarge(SegcacheError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class CacheFull(SegcacheError):
+    """No room even after evicting every evictable entry (the rest are pinned or leased)."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class ChecksumMismatch(SegcacheError):
+    code = "DATA_LOSS"
+
+
+class CorruptEntry(Exception):
+    """Internal: an LMDB value failed verification."""
+
+
+def checksum(data: Any) -> bytes:
+    """blake2b-128 of a bytes-like object (numpy arrays included)."""
+    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=DIGEST_BYTES).digest()
+
+
+# ---- records ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EntryInfo:
+    key: str
+    tier: int
+    size: int
+    recompute_cost_s: float
+    token_count: int
+    model_fingerprint: str
+    checksum: bytes
+    pinned: bool
+
+
+@dataclass(frozen=True)
+class PutResult:
+    info: EntryInfo
+    created: bool
+
+
+@dataclass(eq=False)
+class Entry:
+    key: str
+    size: int
+    cost: float
+    tokens: int
+    fingerprint: str
+    digest: bytes
+    pinned: bool = False
+    leases: int = 0
+    hits: int = 0
+    host: np.ndarray | None = None
+    device: Any = None  # torch.Tensor on the GPU
+    on_disk: bool = False
+    deleted: bool = False
+
+    @property
+    def stored_len(self) -> int:
+        return HEADER_BYTES + self.size
+
+    @property
+    def evictable(self) -> bool:
+        return not self.pinned and self.leases == 0 and not self.deleted
+
+    @property
+    def freq(self) -> int:
+        return self.hits + 1
+
+
+@dataclass(eq=False)
+class HostLease:
+    """A host buffer handed to a reader (NIXL). While it is held the entry cannot be evicted;
+    if the entry is deleted meanwhile, the buffer stays alive (and counted) until release."""
+
+    entry: Entry
+    buf: np.ndarray
+    staged: bool  # True: a private copy (entry not host-resident), not part of the host tier
+
+
+@dataclass
+class TierState:
+    tier: int
+    budget: int
+    enabled: bool
+    policy: Policy
+    bytes: int = 0
+    peak: int = 0
+    entries: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    promotions: int = 0
+
+    @property
+    def name(self) -> str:
+        return TIER_NAMES[self.tier]
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        self.entries += 1
+        if self.bytes > self.peak:
+            self.peak = self.bytes
+
+    def sub(self, n: int, count: bool = True) -> None:
+        self.bytes -= n
+        if count:
+            self.entries -= 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tier": self.tier, "name": self.name, "enabled": self.enabled,
+                "budget_bytes": self.budget if self.enabled else 0, "bytes": self.bytes,
+                "peak_bytes": self.peak, "entries": self.entries, "hits": self.hits,
+                "misses": self.misses, "evictions": self.evictions,
+                "promotions": self.promotions}
+
+
+def as_array(data: Any) -> np.ndarray:
+    """A 1-D uint8 array the store may keep: bytes/bytearray/ndarray are adopted without a
+    copy (the caller must not mutate them afterwards); anything else is copied."""
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if isinstance(data, (bytes, bytearray)):
+        return np.frombuffer(data, dtype=np.uint8)
+    return np.frombuffer(bytes(memoryview(data).cast("B")), dtype=np.uint8)
+
+
