@@ -42,16 +42,22 @@ def dynamic_cache(model):
     return DynamicCache(config=model.config)
 
 
-def build_case(name: str, model_type: str, kw: dict, out_dir, edit=None, new_cache=dynamic_cache) -> dict:
+def build_case(name: str, model_type: str, kw: dict, out_dir, edit=None, new_cache=dynamic_cache,
+               hf_continues_prefill: bool = True) -> dict:
     """Save a tiny random checkpoint (optionally edited by `edit(path)`), run transformers on it,
-    load it through our engine."""
+    load it through our engine.
+
+    hf_continues_prefill=False: transformers' model is wrong when a multi-token call continues a
+    non-empty cache (MiniMax in transformers 5.23); the chunked reference is then its full prefill
+    and the decode reference starts from a one-call prefill (its single-token decode is right)."""
     path = save_tiny(model_type, out_dir, seed=0, **kw)
     if edit is not None:
         edit(path)
     hf = load_hf(path)
     ids = torch.randint(0, kw["vocab_size"], (N_PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
     ref = hf_prefill_logits(hf, ids)
-    ref_chunked, ref_tokens, ref_steps = hf_chunked_and_greedy(hf, ids, N_PROMPT // CHUNK, STEPS, new_cache)
+    chunks = N_PROMPT // CHUNK if hf_continues_prefill else 1
+    ref_chunked, ref_tokens, ref_steps = hf_chunked_and_greedy(hf, ids, chunks, STEPS, new_cache)
     del hf
     eng = HybridEngine.from_pretrained(path, dtype=torch.float32)
     return dict(name=name, path=path, ids=ids, ref=ref, ref_chunked=ref_chunked, ref_tokens=ref_tokens,
