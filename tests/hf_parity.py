@@ -100,11 +100,11 @@ def check_greedy(case):
     assert worst < TOL
 
 
-def check_bf16(case):
+def check_bf16(case, min_agree: float = 0.9):
     eng16 = HybridEngine.from_pretrained(case["path"], dtype=torch.bfloat16)
     out = eng16.prefill(case["ids"], return_all_logits=True)
     assert torch.isfinite(out.all_logits).all()
     ref = case["ref"]
     agree = (out.all_logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
     _report(case, f"bf16 (top-1 agreement {agree:.3f})", (out.all_logits - ref).abs().max().item())
-    assert agree > 0.9
+    assert agree > min_agree
