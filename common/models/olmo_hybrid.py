@@ -17,7 +17,10 @@ pre-norm: x + mixer(input_layernorm(x)), x + mlp(post_attention_layernorm(x)).
 
 Checkpoint names are transformers' with its renaming undone: input_layernorm is
 `attention_layer_norm`, post_attention_layernorm `feedforward_layer_norm` (in both layer kinds),
-and the short conv is three tensors q_conv1d [key_dim], k_conv1d [key_dim], v_conv1d [value_dim].
+and the short conv is stored as three tensors q_conv1d, k_conv1d, v_conv1d, concatenated here into
+one conv over q|k|v. Concatenating (rather than reading each at its own size) loads both layouts in
+circulation: the original [key_dim], [key_dim], [value_dim] and transformers' save_pretrained, which
+splits the fused conv into three equal thirds whatever the dims.
 """
 from __future__ import annotations
 
@@ -54,9 +57,9 @@ class OlmoGatedDeltaNet(nn.Module):
         self.q_proj = nn.Linear(D, kd, bias=False)
         self.k_proj = nn.Linear(D, kd, bias=False)
         self.v_proj = nn.Linear(D, vd, bias=False)
-        self.q_conv1d = nn.Conv1d(kd, kd, self.kernel, groups=kd, bias=False)
-        self.k_conv1d = nn.Conv1d(kd, kd, self.kernel, groups=kd, bias=False)
-        self.v_conv1d = nn.Conv1d(vd, vd, self.kernel, groups=vd, bias=False)
+        self.conv_dim = 2 * kd + vd
+        # one depthwise conv over q|k|v; the checkpoint stores it as q_conv1d, k_conv1d, v_conv1d
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False)
         self.a_proj = nn.Linear(D, self.n_v, bias=False)
         self.b_proj = nn.Linear(D, self.n_v, bias=False)
         self.g_proj = nn.Linear(D, vd, bias=False)
@@ -70,14 +73,12 @@ class OlmoGatedDeltaNet(nn.Module):
         """The channels that enter the short conv (q|k|v), [B, T, 2*key_dim + value_dim]."""
         return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
 
-    def conv_weight(self) -> torch.Tensor:
-        return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], 0).squeeze(1)
-
     def features(self, x: torch.Tensor, conv_tail: torch.Tensor | None):
         """(q, k [B,T,Hv,dk] fp32 l2-normalised, v [B,T,Hv,dv], g [B,T,Hv] fp32, beta [B,T,Hv] in
         (0, beta_scale), x (for the output gate), new conv tail)."""
         B, T, _ = x.shape
-        mixed, tail = causal_conv(self.conv_inputs(x).transpose(1, 2), self.conv_weight(), None, conv_tail)
+        mixed, tail = causal_conv(self.conv_inputs(x).transpose(1, 2), self.conv1d.weight.squeeze(1), None,
+                                   conv_tail)
         q, k, v = torch.split(mixed.transpose(1, 2), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = l2norm(q.reshape(B, T, self.n_k, self.dk).float())
         k = l2norm(k.reshape(B, T, self.n_k, self.dk).float())
@@ -196,8 +197,11 @@ class OlmoHybridLM(HybridLM):
     def checkpoint_name_fn(self, reader):
         base = super().checkpoint_name_fn(reader)
 
-        def name_of(p: str) -> str | None:
+        def name_of(p: str) -> str | tuple[str, ...] | None:
             name = base(p)
+            if name is not None and name.endswith(".linear_attn.conv1d.weight"):
+                stem = name[: -len("conv1d.weight")]
+                return tuple(f"{stem}{part}_conv1d.weight" for part in "qkv")
             for ours, theirs in self.RENAMES.items():
                 if name is not None and ours in name:
                     name = name.replace(ours, theirs)
