@@ -108,3 +108,37 @@ def check_bf16(case, min_agree: float = 0.9):
     agree = (out.all_logits.argmax(-1) == ref.argmax(-1)).float().mean().item()
     _report(case, f"bf16 (top-1 agreement {agree:.3f})", (out.all_logits - ref).abs().max().item())
     assert agree > min_agree
+
+
+def resave(src, dst, edit):
+    """Copy a tiny checkpoint to `dst` with its tensors changed by `edit(state_dict)`."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    f = dst / "model.safetensors"
+    sd = load_file(str(f))
+    edit(sd)
+    save_file(sd, str(f), metadata={"format": "pt"})
+    return dst
+
+
+def check_loading_error(checkpoint, tensor: str, edit: str, tmp_path):
+    """A checkpoint lacking `tensor` ("drop") or with it one row short ("shrink") is refused with a
+    CheckpointError naming it."""
+    import re
+
+    import pytest
+
+    from common.loader import CheckpointError
+
+    def change(sd):
+        if edit == "drop":
+            sd.pop(tensor)
+        else:
+            sd[tensor] = sd[tensor][:-1].clone()
+
+    path = resave(checkpoint, tmp_path / "bad", change)
+    with pytest.raises(CheckpointError, match=re.escape(tensor)):
+        HybridEngine.from_pretrained(path)

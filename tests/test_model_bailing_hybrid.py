@@ -7,7 +7,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_prefill
+from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_loading_error, check_prefill
+from tiny import save_tiny
 
 BASE = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
@@ -73,3 +74,19 @@ def test_mla_rerotation(case, fresh_seed):
     _, kd, _ = mla.qkv(x, torch.arange(d, d + 9))
     assert (mla.rerotate(k0, d) - kd).abs().max() < 1e-5
     assert (k0 - kd).abs().max() > 1e-2
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_tiny("bailing_hybrid", tmp_path_factory.mktemp("bailing_hybrid_ckpt"), seed=2, **BASE)
+
+
+@pytest.mark.parametrize("tensor, edit", [
+    ("model.layers.0.attention.f_proj.weight", "shrink"),
+    ("model.layers.2.attention.v_conv1d.weight", "drop"),
+    ("model.layers.1.mlp.gate.expert_bias", "drop"),
+    ("model.layers.1.attention.kv_b_proj.weight", "shrink"),
+    ("model.word_embeddings.weight", "drop"),
+])
+def test_loading_errors_name_the_tensor(checkpoint, tensor, edit, tmp_path):
+    check_loading_error(checkpoint, tensor, edit, tmp_path)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_prefill
+from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_loading_error, check_prefill
+from tiny import save_tiny
 
 BASE = dict(
     vocab_size=512, hidden_size=64, intermediate_size=32, shared_intermediate_size=64, num_hidden_layers=4,
@@ -48,3 +49,17 @@ def test_greedy_decode(case):
 
 def test_bf16(case):
     check_bf16(case)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_tiny("granitemoehybrid", tmp_path_factory.mktemp("granite_ckpt"), seed=2, **CONFIGS["granite_nope_moe"])
+
+
+@pytest.mark.parametrize("tensor, edit", [
+    ("model.layers.0.mamba.dt_bias", "drop"),
+    ("model.layers.2.block_sparse_moe.input_linear.weight", "shrink"),
+    ("model.layers.1.shared_mlp.output_linear.weight", "drop"),
+])
+def test_loading_errors_name_the_tensor(checkpoint, tensor, edit, tmp_path):
+    check_loading_error(checkpoint, tensor, edit, tmp_path)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from common.pic.reuse import _linear_body, run_warmup
-from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_prefill
+from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_loading_error, check_prefill
+from tiny import save_tiny
 from kernels.linear_attn import compose, linear_attention, naive_retnet
 
 CONFIG = dict(
@@ -96,3 +97,17 @@ def test_lightning_composition(case, lengths, fresh_seed):
     rel = float((S - S_full).norm() / S_full.norm())
     assert rel < 1e-5
     assert float((S_naive - S_full).norm() / S_full.norm()) > 100 * max(rel, 1e-7)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return save_tiny("minimax", tmp_path_factory.mktemp("minimax_ckpt"), seed=2, **CONFIG)
+
+
+@pytest.mark.parametrize("tensor, edit", [
+    ("model.layers.0.self_attn.qkv_proj.weight", "shrink"),
+    ("model.layers.2.self_attn.output_gate.weight", "drop"),
+    ("model.layers.1.block_sparse_moe.experts.3.w2.weight", "drop"),
+])
+def test_loading_errors_name_the_tensor(checkpoint, tensor, edit, tmp_path):
+    check_loading_error(checkpoint, tensor, edit, tmp_path)

@@ -2,16 +2,13 @@
 transformers' own model on tiny random checkpoints: prefill, chunked prefill, greedy decode, bf16."""
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from common.engine import HybridEngine
-from common.loader import CheckpointError
 
-from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_prefill
+from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_loading_error, check_prefill, resave
 from tiny import save_tiny
 
 # key_dim 32 != value_dim 64: transformers' save_pretrained writes its fused short conv as three equal
@@ -62,15 +59,6 @@ def test_bf16(case):
     check_bf16(case)
 
 
-def _resave(src, dst, edit):
-    shutil.copytree(src, dst)
-    f = dst / "model.safetensors"
-    sd = load_file(str(f))
-    edit(sd)
-    save_file(sd, str(f), metadata={"format": "pt"})
-    return dst
-
-
 def _original_conv_layout(sd):
     """transformers' equal thirds -> the original q [key_dim] | k [key_dim] | v [value_dim] tensors."""
     for name in [k for k in sd if k.endswith("linear_attn.q_conv1d.weight")]:
@@ -88,7 +76,7 @@ def checkpoint(tmp_path_factory):
 def test_saved_conv_layout_is_thirds_and_original_layout_loads(checkpoint, tmp_path):
     sd = load_file(str(checkpoint / "model.safetensors"))
     assert sd["model.layers.0.linear_attn.v_conv1d.weight"].shape[0] == 42  # the thirds, as saved
-    path = _resave(checkpoint, tmp_path / "orig", _original_conv_layout)
+    path = resave(checkpoint, tmp_path / "orig", _original_conv_layout)
     assert load_file(str(path / "model.safetensors"))["model.layers.0.linear_attn.v_conv1d.weight"].shape[0] == 64
     ids = list(range(3, 53))
     logits = HybridEngine.from_pretrained(path).prefill(ids).logits
@@ -102,12 +90,4 @@ def test_saved_conv_layout_is_thirds_and_original_layout_loads(checkpoint, tmp_p
     ("model.layers.1.self_attn.q_norm.weight", "shrink"),
 ])
 def test_loading_errors_name_the_tensor(checkpoint, tensor, edit, tmp_path):
-    def change(sd):
-        if edit == "drop":
-            sd.pop(tensor)
-        else:
-            sd[tensor] = sd[tensor][:-1].clone()
-
-    path = _resave(checkpoint, tmp_path / "bad", change)
-    with pytest.raises(CheckpointError, match=tensor.replace(".", r"\.")):
-        HybridEngine.from_pretrained(path)
+    check_loading_error(checkpoint, tensor, edit, tmp_path)
