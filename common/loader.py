@@ -68,7 +68,8 @@ def load_weights(model: nn.Module, reader: CheckpointReader, name_of, dtype: tor
                  keep_fp32: tuple[str, ...] = ()) -> None:
     """Fill every parameter of `model` from the checkpoint. `name_of(param_name) -> ckpt name, a
     tuple of names (concatenated on dim 0) or None` (None: derived later, e.g. a tied lm_head).
-    Parameters whose name ends with one of `keep_fp32` stay fp32 (decay constants whose exp must not lose precision)."""
+    Parameters whose name ends with one of `keep_fp32` stay fp32 (decay constants whose exp must
+    not lose precision)."""
     for pname, p in list(model.named_parameters()):
         ckpt = name_of(pname)
         if ckpt is None:
