@@ -161,7 +161,8 @@ def main():
     cols = [("linear/seg", "linear_per_segment"), ("of it T", "T_per_segment"), ("attn KV", "attn_kv"),
             ("attn KV own", "attn_kv_own_format"), ("entry", "entry"), ("plain KV", "plain_kv")]
     print(f"MiB per {a.tokens} cached tokens ({a.dtype}; T and S fp32)")
-    print(f"{'model':32s} {'lin/attn':>8s} " + " ".join(f"{c:>11s}" for c, _ in cols) + f" {'entry/plain':>11s} {'break-even':>10s}")
+    head = " ".join(f"{c:>11s}" for c, _ in cols)
+    print(f"{'model':32s} {'lin/attn':>8s} {head} {'entry/plain':>11s} {'break-even':>10s}")
     for r in rows:
         print(f"{r['model']:32s} {r['linear_layers']:>3d}/{r['attention_layers']:<4d} "
               + " ".join(f"{r[k] / mib:11.2f}" for _, k in cols) + f" {r['entry'] / r['plain_kv']:11.3f}"
