@@ -13,6 +13,10 @@ MODEL_REGISTRY: dict[str, str] = {
     "kimi_linear": "common.models.kimi_linear:KimiLinearLM",
     "nemotron_h": "common.models.nemotron_h:NemotronHLM",
     "bamba": "common.models.bamba:BambaLM",
+    "granitemoehybrid": "common.models.granitemoehybrid:GraniteMoeHybridLM",
+    "minimax": "common.models.minimax:MiniMaxLM",
+    "olmo_hybrid": "common.models.olmo_hybrid:OlmoHybridLM",
+    "bailing_hybrid": "common.models.bailing_hybrid:BailingHybridLM",
 }
 
 # Composite configs (vision-language wrappers) whose text model we serve.

@@ -81,7 +81,7 @@ def _fla_call(family, q, k, v, g, beta, initial_state, scale):  # pragma: no cov
         from fla.ops.simple_gla import chunk_simple_gla
 
         gg = g.float()
-        if family == "retnet":
+        if family == "retnet" and gg.dim() == 1:  # [H]; a per-token [B,T,H] gate passes as is
             B, T, H = q.shape[0], q.shape[1], v.shape[2]
             gg = gg.view(1, 1, H).expand(B, T, H).contiguous()
         o, S = chunk_simple_gla(q, k, v, g=gg, **kw)
