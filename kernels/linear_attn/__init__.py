@@ -41,6 +41,7 @@ from .naive import (
     naive_retnet,
 )
 from .conv import causal_conv1d, conv_tail
+from .mamba import chunk_mamba, mamba_features, naive_mamba, naive_selective_scan
 from .rope import apply_rope, rope_inv_freq, rope_rotation
 from .summary import (
     Summary,
@@ -62,9 +63,10 @@ FAMILY_GATE = {
     "deltanet": None,
     "gated_deltanet": "token",
     "kda": "channel",
+    "mamba": "channel",  # Mamba v1: one head per inner channel, V = 1 (kernels/linear_attn/mamba.py)
 }
 # scale used when the caller passes None (mamba2: y = C^T S, no 1/sqrt(K))
-_DEFAULT_SCALE_ONE = ("mamba2",)
+_DEFAULT_SCALE_ONE = ("mamba2", "mamba")
 
 _fla_state: dict = {}
 
@@ -164,7 +166,7 @@ def linear_attention(
     if delta and beta is None:
         raise ValueError(f"{family} needs beta")
     scale = _default_scale(family, k.shape[-1], scale)
-    if _use_fla(backend, q, k, v):  # pragma: no cover - GPU only
+    if family != "mamba" and _use_fla(backend, q, k, v):  # pragma: no cover - GPU only (no fla mamba v1 kernel)
         try:
             return _fla_call(family, q, k, v, g, beta, initial_state, scale)
         except Exception as e:  # fall back rather than fail a request; say so once
@@ -266,6 +268,10 @@ __all__ = [
     "chunk_deltanet",
     "chunk_gated_deltanet",
     "chunk_kda",
+    "naive_mamba",
+    "chunk_mamba",
+    "naive_selective_scan",
+    "mamba_features",
     "linear_attention",
     "recurrent_step",
     "fla_available",

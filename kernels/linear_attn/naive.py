@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-FAMILIES = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda")
+FAMILIES = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda", "mamba")
 DELTA_FAMILIES = ("deltanet", "gated_deltanet", "kda")
 
 

@@ -9,7 +9,7 @@ structured form, fp32:
 
     form      families                          T shape
     scalar    retnet, mamba2 (and no gate)      [B, H]          T = exp(sum g)
-    vector    gla                               [B, H, K]       T = exp(sum g) per channel
+    vector    gla, mamba (v1: H = inner channels) [B, H, K]     T = exp(sum g) per channel
     matrix    deltanet, gated_deltanet, kda     [B, H, K, K]    acts on S [K, V] from the left
 
 The matrix T is computed chunk-wise in the same pass as S: the chunked recurrence runs on the
@@ -35,7 +35,7 @@ def summary_form(family: str) -> str:
         raise ValueError(f"unknown family {family!r}")
     if family in DELTA_FAMILIES:
         return "matrix"
-    return "vector" if family == "gla" else "scalar"
+    return "vector" if family in ("gla", "mamba") else "scalar"
 
 
 @dataclass
@@ -70,7 +70,7 @@ def _form_of_T(T: torch.Tensor, S: torch.Tensor) -> str:
 
 
 def _check_gate(family, g, beta):
-    if family in ("retnet", "mamba2", "gla", "gated_deltanet", "kda") and g is None:
+    if family in ("retnet", "mamba2", "gla", "gated_deltanet", "kda", "mamba") and g is None:
         raise ValueError(f"{family} needs a gate g")
     if family in DELTA_FAMILIES and beta is None:
         raise ValueError(f"{family} needs beta")
@@ -114,7 +114,7 @@ def prefill_with_summary(
     """
     form = summary_form(family)
     _check_gate(family, g, beta)
-    if scale is None and family == "mamba2":
+    if scale is None and family in ("mamba2", "mamba"):
         scale = 1.0
     chunk_size = chunk_size or default_chunk_size(family, k.device)
     o, S, T = chunk_with_transition(
