@@ -88,3 +88,8 @@ PIC_CONFIGS["kimi_linear"] = dict(
     layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
     mlp_layer_types=["dense"] * 4,
 )
+PIC_CONFIGS["jamba"] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2, expert_layer_offset=1,
+    num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_expand=2, initializer_range=0.1,
+)

@@ -13,6 +13,7 @@ MODEL_REGISTRY: dict[str, str] = {
     "kimi_linear": "common.models.kimi_linear:KimiLinearLM",
     "nemotron_h": "common.models.nemotron_h:NemotronHLM",
     "bamba": "common.models.bamba:BambaLM",
+    "jamba": "common.models.jamba:JambaLM",
 }
 
 # Composite configs (vision-language wrappers) whose text model we serve.
