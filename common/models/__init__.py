@@ -14,6 +14,7 @@ MODEL_REGISTRY: dict[str, str] = {
     "nemotron_h": "common.models.nemotron_h:NemotronHLM",
     "bamba": "common.models.bamba:BambaLM",
     "jamba": "common.models.jamba:JambaLM",
+    "falcon_h1": "common.models.falcon_h1:FalconH1LM",
 }
 
 # Composite configs (vision-language wrappers) whose text model we serve.
