@@ -8,7 +8,7 @@ from common.pic.reuse import _linear_body, run_warmup
 from kernels.linear_attn import compose, linear_attention
 from tiny import PIC_CONFIGS, save_tiny
 
-ARCHS = ["qwen3_5_text", "kimi_linear", "nemotron_h", "jamba", "falcon_h1"]
+ARCHS = ["qwen3_5_text", "kimi_linear", "nemotron_h", "jamba", "falcon_h1", "zamba2"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)

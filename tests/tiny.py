@@ -102,3 +102,11 @@ PIC_CONFIGS["falcon_h1"] = dict(
     attention_in_multiplier=1.2, attention_out_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.8,
     ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3], mlp_multipliers=[1.2, 0.7],
 )
+# Zamba2: two shared blocks used in turn by three hybrid layers, LoRA adapters, RoPE (MHA: transformers'
+# q/k/v adapters are [2D -> 2D], so they only fit when num_key_value_heads == num_attention_heads)
+PIC_CONFIGS["zamba2"] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=5, num_attention_heads=4,
+    num_key_value_heads=4, n_mamba_heads=4, mamba_d_state=16, mamba_ngroups=2, num_mem_blocks=2,
+    layers_block_type=["mamba", "hybrid", "hybrid", "mamba", "hybrid"], use_shared_attention_adapter=True,
+    adapter_rank=8, use_mem_rope=True, initializer_range=0.1,
+)

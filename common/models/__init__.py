@@ -15,6 +15,7 @@ MODEL_REGISTRY: dict[str, str] = {
     "bamba": "common.models.bamba:BambaLM",
     "jamba": "common.models.jamba:JambaLM",
     "falcon_h1": "common.models.falcon_h1:FalconH1LM",
+    "zamba2": "common.models.zamba2:Zamba2LM",
 }
 
 # Composite configs (vision-language wrappers) whose text model we serve.
