@@ -27,11 +27,14 @@ from common.loader import CheckpointError  # noqa: E402
 
 CONFIGS = {
     "jamba": PIC_CONFIGS["jamba"],  # MoE on odd layers, attention at layer 2
-    # dense MLPs, no inner dt/B/C norms difference: another state size, a tied head
+    # dense MLPs, another state size and dt rank, attention first, a tied head
     "jamba_dense": dict(PIC_CONFIGS["jamba"], num_experts=1, mamba_d_state=4, mamba_dt_rank=8,
                         tie_word_embeddings=True, attn_layer_offset=0),
 }
-KINDS = {"jamba": ["linear", "linear", "attention", "linear"], "jamba_dense": ["attention", "linear", "linear", "linear"]}
+KINDS = {
+    "jamba": ["linear", "linear", "attention", "linear"],
+    "jamba_dense": ["attention", "linear", "linear", "linear"],
+}
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
