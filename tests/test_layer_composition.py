@@ -9,7 +9,8 @@ from common.pic.reuse import _linear_body, run_warmup
 from kernels.linear_attn import compose, linear_attention
 from tiny import PIC_CONFIGS, save_tiny
 
-ARCHS = ["qwen3_5_text", "kimi_linear", "nemotron_h", "granitemoehybrid", "olmo_hybrid", "bailing_hybrid"]
+ARCHS = ["qwen3_5_text", "kimi_linear", "nemotron_h", "granitemoehybrid", "olmo_hybrid", "bailing_hybrid",
+         "jamba", "falcon_h1", "zamba2"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -17,6 +17,9 @@ MODEL_REGISTRY: dict[str, str] = {
     "minimax": "common.models.minimax:MiniMaxLM",
     "olmo_hybrid": "common.models.olmo_hybrid:OlmoHybridLM",
     "bailing_hybrid": "common.models.bailing_hybrid:BailingHybridLM",
+    "jamba": "common.models.jamba:JambaLM",
+    "falcon_h1": "common.models.falcon_h1:FalconH1LM",
+    "zamba2": "common.models.zamba2:Zamba2LM",
 }
 
 # Composite configs (vision-language wrappers) whose text model we serve.

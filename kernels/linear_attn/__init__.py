@@ -41,6 +41,7 @@ from .naive import (
     naive_recurrent,
     naive_retnet,
 )
+from .mamba import chunk_mamba, mamba_features, naive_mamba, naive_selective_scan
 from .summary import (
     Summary,
     compose,
@@ -141,7 +142,7 @@ def linear_attention(
     """
     delta = check_inputs(family, g, beta).delta
     scale = _default_scale(family, k.shape[-1], scale)
-    if _use_fla(backend, q, k, v):  # pragma: no cover - GPU only
+    if family != "mamba" and _use_fla(backend, q, k, v):  # pragma: no cover - GPU only (no fla mamba v1 kernel)
         try:
             return _fla_call(family, q, k, v, g, beta, initial_state, scale)
         except Exception as e:  # fall back rather than fail a request; say so once
@@ -247,6 +248,10 @@ __all__ = [
     "chunk_deltanet",
     "chunk_gated_deltanet",
     "chunk_kda",
+    "naive_mamba",
+    "chunk_mamba",
+    "naive_selective_scan",
+    "mamba_features",
     "linear_attention",
     "recurrent_step",
     "fla_available",
