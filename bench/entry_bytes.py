@@ -82,6 +82,21 @@ REAL_CONFIGS: dict[str, tuple[str, dict]] = {
         short_conv_kernel_size=4, num_local_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
         moe_intermediate_size=8, intermediate_size=8, pad_token_id=0, eos_token_id=1,
     )),
+    "Jamba-1.5-Mini": ("jamba", dict(
+        FAST, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+        attn_layer_period=8, attn_layer_offset=4, mamba_expand=2, mamba_d_state=16, mamba_d_conv=4,
+        num_experts=2, num_experts_per_tok=1, expert_layer_period=2, expert_layer_offset=1, intermediate_size=8,
+    )),
+    "Falcon-H1-7B": ("falcon_h1", dict(
+        FAST, hidden_size=3072, num_hidden_layers=44, num_attention_heads=12, num_key_value_heads=2, head_dim=128,
+        mamba_n_heads=24, mamba_d_head=128, mamba_d_ssm=3072, mamba_d_state=256, mamba_n_groups=1, mamba_d_conv=4,
+        intermediate_size=8,
+    )),
+    "Zamba2-7B": ("zamba2", dict(
+        FAST, hidden_size=3584, num_hidden_layers=81, num_attention_heads=32, num_key_value_heads=32,
+        n_mamba_heads=112, mamba_d_state=64, mamba_ngroups=2, mamba_d_conv=4, num_mem_blocks=2,
+        layers_block_type=["hybrid" if i % 6 == 5 else "mamba" for i in range(81)],
+    )),
 }
 
 
@@ -119,7 +134,10 @@ def layer_sizes(model, dtype_bytes: int) -> dict:
             out["n_linear"] += 1
         elif layer.kind == "attention":
             ctx = ForwardContext(positions=torch.zeros(1, dtype=torch.long, device="meta"))
-            _, st = mixer(x, None, ctx)
+            # Zamba2's shared blocks read [hidden; embeddings]: feed the width their projection takes
+            shared = getattr(getattr(mixer, "attn", None), "q_proj", None)
+            xa = x if shared is None else torch.empty(1, 1, shared.in_features, device="meta")
+            _, st = mixer(xa, None, ctx)
             stored = dtype_bytes * (st.keys[0, :, 0].numel() + st.values[0, :, 0].numel())
             latent = getattr(mixer, "kv_lora_rank", None)
             out["attn_per_token"] += stored
