@@ -212,8 +212,10 @@ class SeamPlan:
         kpos = torch.arange(self.total, device=q.device)
         mask = kpos[None, :] <= self.seam_positions[:, None]
         n_rep = q.shape[1] // K_all.shape[1]
+        # MLA latents (Kimi): the values are the first channels of the keys, stored once
+        V_use = K_all[..., : mixer.latent_values] if getattr(mixer, "latent_values", None) else V_all
         Kr = K_all.repeat_interleave(n_rep, 1) if n_rep > 1 else K_all
-        Vr = V_all.repeat_interleave(n_rep, 1) if n_rep > 1 else V_all
+        Vr = V_use.repeat_interleave(n_rep, 1) if n_rep > 1 else V_use
         o = F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=mask, scale=scale)
         return o.transpose(1, 2), AttentionLayerState(K_all, V_all)
 

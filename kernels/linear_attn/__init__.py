@@ -41,6 +41,7 @@ from .naive import (
     naive_recurrent,
     naive_retnet,
 )
+from .mamba import chunk_mamba, mamba_features, naive_mamba, naive_selective_scan
 from .summary import (
     Summary,
     compose,
@@ -81,7 +82,7 @@ def _fla_call(family, q, k, v, g, beta, initial_state, scale):  # pragma: no cov
         from fla.ops.simple_gla import chunk_simple_gla
 
         gg = g.float()
-        if family == "retnet":
+        if family == "retnet" and gg.dim() == 1:  # [H]; a per-token [B,T,H] gate passes as is
             B, T, H = q.shape[0], q.shape[1], v.shape[2]
             gg = gg.view(1, 1, H).expand(B, T, H).contiguous()
         o, S = chunk_simple_gla(q, k, v, g=gg, **kw)
@@ -141,7 +142,7 @@ def linear_attention(
     """
     delta = check_inputs(family, g, beta).delta
     scale = _default_scale(family, k.shape[-1], scale)
-    if _use_fla(backend, q, k, v):  # pragma: no cover - GPU only
+    if family != "mamba" and _use_fla(backend, q, k, v):  # pragma: no cover - GPU only (no fla mamba v1 kernel)
         try:
             return _fla_call(family, q, k, v, g, beta, initial_state, scale)
         except Exception as e:  # fall back rather than fail a request; say so once
@@ -247,6 +248,10 @@ __all__ = [
     "chunk_deltanet",
     "chunk_gated_deltanet",
     "chunk_kda",
+    "naive_mamba",
+    "chunk_mamba",
+    "naive_selective_scan",
+    "mamba_features",
     "linear_attention",
     "recurrent_step",
     "fla_available",

@@ -9,7 +9,7 @@ structured form, fp32:
 
     form      families                          T shape
     scalar    retnet, mamba2 (and no gate)      [B, H]          T = exp(sum g)
-    vector    gla                               [B, H, K]       T = exp(sum g) per channel
+    vector    gla, mamba (v1: H = inner channels) [B, H, K]     T = exp(sum g) per channel
     matrix    deltanet, gated_deltanet, kda     [B, H, K, K]    acts on S [K, V] from the left
 
 The matrix T is computed chunk-wise in the same pass as S: the chunked recurrence runs on the
