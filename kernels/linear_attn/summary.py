@@ -24,6 +24,7 @@ import torch
 
 from .chunk import chunk_with_transition, default_chunk_size
 from .conv import causal_conv1d, conv_tail
+from .fla_path import fla_chunk_with_transition, kernel_path, run_with_fallback
 from .naive import DELTA_FAMILIES, FAMILIES
 from .rope import apply_rope, rope_rotation
 
@@ -89,10 +90,24 @@ def segment_summary(
     form = summary_form(family)
     _check_gate(family, g, beta)
     chunk_size = chunk_size or default_chunk_size(family, k.device)
-    _, S, T = chunk_with_transition(
-        None, k, v, g=g, beta=beta, delta=family in DELTA_FAMILIES, chunk_size=chunk_size
-    )
+    _, S, T = _with_transition(family, None, k, v, g, beta, None, None, chunk_size)
     return Summary(T.float(), S, form)
+
+
+def _with_transition(family, q, k, v, g, beta, initial_state, scale, chunk_size):
+    """(o, S, T) in one pass: fla's chunk kernel where :func:`kernel_path` says fla, else ours."""
+    def torch_path():
+        return chunk_with_transition(q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale,
+                                     delta=family in DELTA_FAMILIES, chunk_size=chunk_size)
+
+    if kernel_path(v.device, v.dtype) == "fla" and k.shape[1] > 0:
+        if scale is None:
+            scale = 1.0 if family == "mamba2" else k.shape[-1] ** -0.5
+        return run_with_fallback(
+            "auto", family,
+            lambda: fla_chunk_with_transition(family, q, k, v, g, beta, initial_state, scale), torch_path,
+        )
+    return torch_path()
 
 
 def prefill_with_summary(
@@ -117,10 +132,7 @@ def prefill_with_summary(
     if scale is None and family == "mamba2":
         scale = 1.0
     chunk_size = chunk_size or default_chunk_size(family, k.device)
-    o, S, T = chunk_with_transition(
-        q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale,
-        delta=family in DELTA_FAMILIES, chunk_size=chunk_size,
-    )
+    o, S, T = _with_transition(family, q, k, v, g, beta, initial_state, scale, chunk_size)
     S0 = S if initial_state is None else S - _apply_T(T, initial_state.float(), form)
     return o, S, Summary(T.float(), S0, form)
 
