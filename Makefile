@@ -41,5 +41,10 @@ test: $(STAMP)
 	-$(MAKE) --no-print-directory fla-venv
 	$(VPY) -m pytest -q tests
 
+# On a machine with NVIDIA GPUs: installs .venv-gpu (CUDA torch, fla, nixl), prints one table
+# (docs/gpu.md). `python scripts/gpu_check.py --dry-run` shows the table's rows without a GPU.
+gpu-check:
+	$(PY) scripts/gpu_check.py --json gpu-check.json
+
 clean:
-	rm -rf $(VENV) $(FLA_VENV)
+	rm -rf $(VENV) $(FLA_VENV) .venv-gpu
