@@ -115,7 +115,9 @@ def run_case(family, dtype, H, HV, gen, scale):
         out["summary_T_abs"] = float((T_t.float() - T_tr).abs().max())
         gs = g if g is None or g.dim() == 1 else g[:, 0]
         b0 = None if beta is None else beta[:, 0]
+        S0_before = S0.clone()
         o1, S1 = fla_recurrent_step(family, q[:, 0], k[:, 0], v[:, 0], gs, b0, S0, scale)
+        out["step_input_state_changed"] = float((S0 - S0_before).abs().max())  # must stay 0
         o1_ref, S1_ref = recurrent_step(family, qf[:, 0], kf[:, 0], vf[:, 0], gs, None if b0 is None else b0.float(),
                                         S0, scale)
         out["step_o"], out["step_S"] = rel(o1, o1_ref), rel(S1, S1_ref)

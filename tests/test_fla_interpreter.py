@@ -65,5 +65,5 @@ def test_fla_path_through_fla_triton_code(fresh_seed):
         for what, err in errs.items():
             if what == "seconds" or (what == "summary_T" and dtype == "float16"):
                 continue
-            tol = TOL_T_ABS[dtype] if what == "summary_T_abs" else TOL[dtype]
+            tol = {"summary_T_abs": TOL_T_ABS[dtype], "step_input_state_changed": 0.0}.get(what, TOL[dtype])
             assert err <= tol, f"{name} {what}: {err:.3g} > {tol}"

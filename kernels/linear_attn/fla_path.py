@@ -165,7 +165,8 @@ def fla_recurrent_step(family, q, k, v, g, beta, state, scale):
     if beta is not None:
         beta = beta.unsqueeze(1)
     q, k, v, g, beta = _operands(family, q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g, beta)
-    o, S = _call(_recurrent_fn(family), family, q, k, v, g, beta, _state(state).clone(), scale)
+    # fla 0.6's fused recurrent kernels write a fresh final state (the interpreter test checks)
+    o, S = _call(_recurrent_fn(family), family, q, k, v, g, beta, _state(state), scale)
     return o[:, 0], S
 
 
