@@ -33,7 +33,7 @@ from common.layers.mlp import GatedMLP, activation
 from common.layers.norm import RMSNorm
 from common.models.base import ForwardContext, HybridLM
 from common.state import AttentionLayerState, LinearLayerState
-from kernels.linear_attn import linear_attention, recurrent_step
+from kernels.linear_attn import linear_attention, operand_dtype, recurrent_step
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -111,7 +111,7 @@ class KimiDeltaAttention(nn.Module):
     def features(self, x: torch.Tensor, conv_tail: torch.Tensor | None):
         """Everything before the recurrence: (q, k, v, g, beta, out_gate, new conv tail).
 
-        q, k [B,T,H,K] fp32 L2-normalised; v [B,T,H,V] (model dtype); g [B,T,H,K] fp32 log-decay;
+        q, k [B,T,H,K] L2-normalised in fp32, in the kernels' operand dtype; v [B,T,H,V] (model dtype); g [B,T,H,K] fp32 log-decay;
         beta [B,T,H] fp32; out_gate [B,T,H,V] (model dtype); tail [B, 3*dim, kernel-1].
         """
         B, T, _ = x.shape
@@ -119,8 +119,9 @@ class KimiDeltaAttention(nn.Module):
         mixed, tail = causal_conv(mixed.transpose(1, 2), self.conv_weight(), None, conv_tail, act="silu")
         q, k, v = torch.split(mixed.transpose(1, 2), [self.dim] * 3, dim=-1)
         shape = (B, T, self.n_heads, self.head_dim)
-        q = l2norm(q.reshape(shape).float())
-        k = l2norm(k.reshape(shape).float())
+        dt = operand_dtype(x.device, x.dtype)  # fp32 on the torch path, the model's on fla
+        q = l2norm(q.reshape(shape).float()).to(dt)
+        k = l2norm(k.reshape(shape).float()).to(dt)
         v = v.reshape(shape)
         g = self.gate(x)
         beta = self.b_proj(x).float().sigmoid()
