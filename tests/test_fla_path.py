@@ -112,7 +112,7 @@ def _inputs(family, gen, B=2, T=37, H=3, K=8, V=5):
     return q, k, v, g, beta, S0
 
 
-@pytest.mark.parametrize("family", la.FAMILIES)
+@pytest.mark.parametrize("family", fla_path.FLA_FAMILIES)
 def test_fla_summary_construction(family, fresh_seed, monkeypatch):
     """fla_chunk_with_transition's T and S (augmented identity columns for the delta families,
     exp(sum g) for the others) == chunk_with_transition's, with our chunk kernel in fla's place."""

@@ -30,6 +30,7 @@ from .chunk import (
 from .families import DELTA_FAMILIES, FAMILIES, FAMILY, FAMILY_GATE, Family, check_inputs
 from .families import family as _family_row
 from .fla_path import (
+    FLA_FAMILIES,
     fla_available,
     fla_chunk,
     fla_recurrent_step,
@@ -98,7 +99,7 @@ def linear_attention(
             q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=delta, chunk_size=chunk_size
         )
 
-    if family != "mamba" and use_fla(backend, v) and q.shape[1] > 0:  # fla has no Mamba v1 kernel
+    if family in FLA_FAMILIES and use_fla(backend, v) and q.shape[1] > 0:
         return run_with_fallback(
             backend, family, lambda: fla_chunk(family, q, k, v, g, beta, initial_state, scale), torch_path
         )
@@ -136,7 +137,7 @@ def recurrent_step(
             g = g[:, 0]
         if beta is not None and beta.dim() == 3:
             beta = beta[:, 0]
-    if family != "mamba" and kernel_path(v.device, v.dtype) == "fla":  # fla has no Mamba v1 kernel
+    if family in FLA_FAMILIES and kernel_path(v.device, v.dtype) == "fla":
         o, S = run_with_fallback(
             "auto", family,
             lambda: fla_recurrent_step(family, q, k, v, g, beta, state, _default_scale(family, k.shape[-1], scale)),

@@ -23,12 +23,14 @@ import warnings
 
 import torch
 
-from .naive import DELTA_FAMILIES
+from .families import DELTA_FAMILIES, FAMILIES
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 # Families whose fla 0.6 kernels (chunk and fused recurrent) take fewer q/k heads than value
 # heads as they are (GVA, HV a multiple of H); for the others q/k are repeated to the value heads.
 FLA_GROUPED = frozenset({"gated_deltanet", "kda"})
+# the families fla has kernels for (no Mamba v1: it always runs our torch path)
+FLA_FAMILIES = tuple(f for f in FAMILIES if f != "mamba")
 # exp of log-decays below this is zero for every purpose (as the torch chunk path clamps)
 _EXP_FLOOR = -80.0
 

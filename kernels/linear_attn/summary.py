@@ -25,7 +25,7 @@ import torch
 from .chunk import chunk_with_transition, default_chunk_size, identity_transition
 from .families import check_inputs, family
 from .families import FAMILY
-from .fla_path import fla_chunk_with_transition, kernel_path, run_with_fallback
+from .fla_path import FLA_FAMILIES, fla_chunk_with_transition, kernel_path, run_with_fallback
 
 _FORMS = ("scalar", "vector", "matrix")
 
@@ -77,8 +77,7 @@ def _with_transition(family, q, k, v, g, beta, initial_state, scale, chunk_size)
         return chunk_with_transition(q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale,
                                      delta=FAMILY[family].delta, chunk_size=chunk_size)
 
-    # fla has no Mamba v1 kernel
-    if family != "mamba" and kernel_path(v.device, v.dtype) == "fla" and k.shape[1] > 0:
+    if family in FLA_FAMILIES and kernel_path(v.device, v.dtype) == "fla" and k.shape[1] > 0:
         if scale is None:
             scale = 1.0 if FAMILY[family].unit_scale else k.shape[-1] ** -0.5
         return run_with_fallback(
