@@ -174,3 +174,18 @@ def describe(cfg: Any) -> dict[str, Any]:
         v = getattr(cfg, f.name)
         out[f.name] = str(v) if isinstance(v, Path) else v
     return out
+
+
+# ---- fields every service shares ------------------------------------------------------------------
+DRAIN_HELP = ("on SIGTERM: seconds to keep serving while health says NOT_SERVING, so load balancers "
+              "and the router stop sending first; then stop (a second signal cuts it short)")
+
+
+def drain_field(default: float = 0.0) -> Any:
+    """The `drain_s` field of a service's config (flag --drain-s, env <PREFIX>DRAIN_S)."""
+    return dataclasses.field(default=default, metadata={"help": DRAIN_HELP})
+
+
+def check_drain_s(value: float) -> None:
+    if not (value >= 0 and value < float("inf")):
+        raise ValueError(f"drain_s must be a finite number >= 0, not {value!r}")

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.config import check_drain_s, drain_field
+
 ENV_PREFIX = "HYPIC_COMBINE_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
@@ -45,6 +47,7 @@ class CombineConfig:
         default=None, metadata=_h("write {port, metrics_port, pid} as JSON here once serving"))
     max_message_bytes: int = field(default=64 * MiB, metadata=_h("largest gRPC message, each way"))
     grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    drain_s: float = drain_field()
     # --- timeouts ------------------------------------------------------------------------
     default_timeout_s: float = field(default=300.0, metadata=_h(
         "deadline of an Execute whose caller set none"))
@@ -72,6 +75,7 @@ class CombineConfig:
     log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
     def __post_init__(self) -> None:
+        check_drain_s(self.drain_s)
         if self.model is None:
             raise ValueError("--model (HYPIC_COMBINE_MODEL) is required")
         self.model = Path(self.model)

@@ -52,7 +52,7 @@ async def serve(cfg: RouterConfig) -> int:
              combine=cfg.combines)
     sig = await wait_for_shutdown_signal()
     log.info("shutting down", signal=sig)
-    await shutdown(server, health, grace_s=cfg.grace_s)
+    await shutdown(server, health, grace_s=cfg.grace_s, drain_s=cfg.drain_s)
     await servicer.close()
     executor.shutdown(wait=True)
     log.info("stopped")

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.config import check_drain_s, drain_field
+
 ENV_PREFIX = "HYPIC_ROUTER_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
@@ -43,6 +45,7 @@ class RouterConfig:
         default=None, metadata=_h("write {port, metrics_port, pid} as JSON here once serving"))
     max_message_bytes: int = field(default=16 * MiB, metadata=_h("largest gRPC message, each way"))
     grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    drain_s: float = drain_field()
     # --- the mesh ------------------------------------------------------------------------
     segcache_address: str = field(default="", metadata=_h(
         "segcache host:port; empty = no cache (every segment is a miss, nothing stored)"))
@@ -77,6 +80,7 @@ class RouterConfig:
     log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
     def __post_init__(self) -> None:
+        check_drain_s(self.drain_s)
         self.model = Path(self.model)
         if self.port_file is not None:
             self.port_file = Path(self.port_file)

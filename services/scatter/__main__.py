@@ -64,7 +64,7 @@ async def serve(cfg: ScatterConfig) -> None:
              model_type=engine.model_type, model_fingerprint=engine.fingerprint)
     sig = await wait_for_shutdown_signal()
     log.info("shutting down", signal=sig)
-    await shutdown(server, health, grace_s=cfg.grace_s)
+    await shutdown(server, health, grace_s=cfg.grace_s, drain_s=cfg.drain_s)
     if segcache is not None:
         await segcache.close()
     executor.shutdown(wait=True, cancel_futures=True)

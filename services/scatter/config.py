@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.config import check_drain_s, drain_field
+
 ENV_PREFIX = "HYPIC_SCATTER_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
@@ -41,6 +43,7 @@ class ScatterConfig:
     max_message_bytes: int = field(default=64 * MiB, metadata=_h("largest gRPC message, each way"))
     chunk_bytes: int = field(default=1 * MiB, metadata=_h("Build stream chunk size (default)"))
     grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    drain_s: float = drain_field()
     # --- segcache --------------------------------------------------------------------------
     segcache_address: Optional[str] = field(default=None, metadata=_h(
         "segcache host:port where built entries are stored (store=true); empty = never store"))
@@ -52,6 +55,7 @@ class ScatterConfig:
     log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
     def __post_init__(self) -> None:
+        check_drain_s(self.drain_s)
         if self.model is None:
             raise ValueError("--model (HYPIC_SCATTER_MODEL) is required")
         self.model = Path(self.model)

@@ -56,7 +56,7 @@ async def serve(cfg: SegcacheConfig) -> None:
     sig = await wait_for_shutdown_signal()
     log.info("shutting down", signal=sig)
     reaper.cancel()
-    await shutdown(server, health, grace_s=cfg.grace_s)
+    await shutdown(server, health, grace_s=cfg.grace_s, drain_s=cfg.drain_s)
     leases.close()
     executor.shutdown(wait=True)
     store.close()

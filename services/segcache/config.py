@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.config import check_drain_s, drain_field
+
 ENV_PREFIX = "HYPIC_SEGCACHE_"
 GiB = 1 << 30
 MiB = 1 << 20
@@ -34,6 +36,7 @@ class SegcacheConfig:
     max_key_bytes: int = field(default=256, metadata=_h("longest key (UTF-8 bytes)"))
     max_lookup_keys: int = field(default=4096, metadata=_h("most keys in one Lookup/Delete/Pin"))
     grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    drain_s: float = drain_field()
     io_threads: int = field(default=4, metadata=_h("threads for LMDB and copies"))
     # --- tiers ---------------------------------------------------------------------------
     data_dir: Path = field(default=Path("segcache-data"), metadata=_h("LMDB directory"))
@@ -63,6 +66,7 @@ class SegcacheConfig:
     log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
     def __post_init__(self) -> None:
+        check_drain_s(self.drain_s)
         self.data_dir = Path(self.data_dir)
         if self.port_file is not None:
             self.port_file = Path(self.port_file)
