@@ -8,7 +8,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 REQS    := requirements/base.txt requirements/constraints-cpu.txt pyproject.toml
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean mutate
 
 venv: $(STAMP)
 
@@ -28,3 +28,8 @@ test: $(STAMP)
 
 clean:
 	rm -rf $(VENV)
+
+# Targeted mutation check (minutes; not part of `make test`): each mutant of a property that
+# matters must make the tests that cover it fail. scripts/mutate.py lists them.
+mutate: $(STAMP)
+	$(VPY) scripts/mutate.py

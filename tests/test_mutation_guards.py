@@ -99,3 +99,22 @@ def test_decode_logits_equal_prefill_of_the_longer_prompt(engines, family, fresh
         want = engine.prefill(seen).logits
         err = float((logits - want).abs().max())
         assert err < TOL, (family, len(seen), err)
+
+
+def test_segment_key_separates_every_input_and_is_stable(fresh_seed) -> None:
+    """A key names exactly one entry: fingerprint, seam, dtype and the token ids (their order and
+    count) all enter it; and it is a stable content address (a cache written by one version is
+    found by the next), pinned by a known answer."""
+    from common.fingerprint import segment_key
+
+    g = torch.Generator().manual_seed(fresh_seed)
+    ids = torch.randint(0, 512, (12,), generator=g).tolist()
+    base = ("fp-a", 8, "float32", ids)
+    variants = [base, ("fp-b", 8, "float32", ids), ("fp-a", 0, "float32", ids),
+                ("fp-a", 9, "float32", ids), ("fp-a", 8, "bfloat16", ids),
+                ("fp-a", 8, "float32", ids[:-1]), ("fp-a", 8, "float32", ids[::-1]),
+                ("fp-a", 8, "float32", ids[:-1] + [(ids[-1] + 1) % 512])]
+    keys = [segment_key(*v) for v in variants]
+    assert len(set(keys)) == len(keys), keys
+    assert segment_key(*base) == keys[0]
+    assert segment_key("fp-golden", 8, "float32", [1, 2, 3, 500]) == "bbf3a66d1344e99cbc6e6e7cf2b4c76289b83ca3"
