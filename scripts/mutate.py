@@ -3,6 +3,7 @@
     python scripts/mutate.py                 # every mutant (`make mutate`)
     python scripts/mutate.py -k rope -k lpt  # mutants whose name contains one of these
     python scripts/mutate.py --list
+    python scripts/mutate.py --baseline      # first check that the selections pass unmutated
 
 Each mutant is one small text patch (file, exact old snippet, new snippet) applied to a scratch
 copy of the working tree (tracked and untracked, not ignored, files), then only the tests that
@@ -73,7 +74,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_router.py", "-k", "lpt")),
     Mutant("planner-assigns-shortest-first", "services/router/planner.py",
            "key=lambda j: (-est[j.key], j.index)", "key=lambda j: (est[j.key], j.index)",
-           ("tests/test_router.py", "-k", "planner")),
+           ("tests/test_mutation_guards.py", "-k", "planner")),
     Mutant("planner-no-single-flight", "services/router/planner.py",
            "flight = self._inflight.get(job.key)", "flight = None",
            ("tests/test_router.py", "-k", "single_flight")),
@@ -130,6 +131,25 @@ def scratch_copy(dest: Path) -> None:
             shutil.copy2(src, dest / os.fsdecode(f))
 
 
+def run_tests(tests: tuple[str, ...], root: Path, python: str) -> tuple[int, str]:
+    env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run([python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                          cwd=root, env=env, capture_output=True, text=True,
+                          timeout=PER_MUTANT_TIMEOUT_S)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def baseline(chosen: list[Mutant], root: Path, python: str) -> bool:
+    """Every test selection passes on the unmutated tree (else a kill would prove nothing)."""
+    ok = True
+    for tests in dict.fromkeys(m.tests for m in chosen):
+        rc, out = run_tests(tests, root, python)
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        print(f"{'BASE-OK' if rc == 0 else 'BASE-RED':8s} {' '.join(tests)}  {last}", flush=True)
+        ok = ok and rc == 0
+    return ok
+
+
 def run_one(m: Mutant, root: Path, python: str) -> tuple[str, float, str]:
     """(KILLED | SURVIVED | ERROR, seconds, note)."""
     target = root / m.path
@@ -142,11 +162,7 @@ def run_one(m: Mutant, root: Path, python: str) -> tuple[str, float, str]:
     target.write_text(original.replace(m.old, m.new))
     t0 = time.monotonic()
     try:
-        env = dict(os.environ, PYTHONPATH=str(root), PYTHONDONTWRITEBYTECODE="1")
-        proc = subprocess.run([python, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests],
-                              cwd=root, env=env, capture_output=True, text=True,
-                              timeout=PER_MUTANT_TIMEOUT_S)
-        rc, out = proc.returncode, proc.stdout + proc.stderr
+        rc, out = run_tests(m.tests, root, python)
     except subprocess.TimeoutExpired:
         return "KILLED", time.monotonic() - t0, f"timed out after {PER_MUTANT_TIMEOUT_S}s"
     finally:
@@ -166,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", action="append", default=[], help="only mutants whose name contains this")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs the tests")
+    ap.add_argument("--baseline", action="store_true",
+                    help="first run every test selection on the unmutated tree (must pass)")
     args = ap.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.k or any(k in m.name for k in args.k)]
     if args.list:
@@ -177,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hypic-mutate-") as tmp:
         root = Path(tmp)
         scratch_copy(root)
+        if args.baseline and not baseline(chosen, root, args.python):
+            print("baseline red: fix the tests before judging mutants")
+            return 1
         for m in chosen:
             status, took, note = run_one(m, root, args.python)
             results[status] += 1
