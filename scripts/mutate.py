@@ -146,6 +146,8 @@ def baseline(chosen: list[Mutant], root: Path, python: str) -> bool:
         rc, out = run_tests(tests, root, python)
         last = out.strip().splitlines()[-1] if out.strip() else ""
         print(f"{'BASE-OK' if rc == 0 else 'BASE-RED':8s} {' '.join(tests)}  {last}", flush=True)
+        if rc != 0:
+            print("\n".join(line for line in out.splitlines() if line.startswith(("E ", "FAILED")))[:4000])
         ok = ok and rc == 0
     return ok
 
