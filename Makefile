@@ -13,7 +13,7 @@ FLA_VENV  ?= .venv-fla
 FLA_STAMP := $(FLA_VENV)/.installed
 FLA_REQS  := requirements/fla-interpreter.txt requirements/constraints-cpu.txt
 
-.PHONY: demo test venv fla-venv gpu-check clean
+.PHONY: demo test venv fla-venv gpu-check clean mutate
 
 venv: $(STAMP)
 
@@ -48,3 +48,8 @@ gpu-check:
 
 clean:
 	rm -rf $(VENV) $(FLA_VENV) .venv-gpu
+
+# Targeted mutation check (minutes; not part of `make test`): each mutant of a property that
+# matters must make the tests that cover it fail. scripts/mutate.py lists them.
+mutate: $(STAMP)
+	$(VPY) scripts/mutate.py

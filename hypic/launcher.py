@@ -226,6 +226,9 @@ class Mesh:
                        **{f"scatter{i}": p for i, p in enumerate(scatter_ports)},
                        **{f"combine{i}": p for i, p in enumerate(combine_ports)}}
         self.services: dict[str, Service] = {}
+        # name -> exit status at stop() of each service running then (0: a clean SIGTERM
+        # shutdown; < 0: died by a signal)
+        self.exit_codes: dict[str, int | None] = {}
         self._lock = threading.Lock()
         self._started = False
 
@@ -347,14 +350,17 @@ class Mesh:
                       [n for n in order if n.startswith(("scatter", "combine"))],
                       [n for n in order if n == "segcache"]]
             for group in groups:
+                group = [n for n in group if self.services[n].alive()]  # not the ones killed before
                 for n in group:
                     self.services[n].signal(signal.SIGTERM)
                 deadline = time.monotonic() + self.grace_s
                 for n in group:
                     svc = self.services[n]
-                    if svc.wait(max(0.0, deadline - time.monotonic())) is None:
+                    code = svc.wait(max(0.0, deadline - time.monotonic()))
+                    if code is None:
                         svc.signal(signal.SIGKILL)
-                        svc.wait(10)
+                        code = svc.wait(10)
+                    self.exit_codes[n] = code
             self._started = False
             atexit.unregister(self.stop)
 

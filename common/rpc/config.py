@@ -168,6 +168,10 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None, *,
 
 
 @dataclasses.dataclass
+DRAIN_HELP = ("on SIGTERM: seconds to keep serving while health says NOT_SERVING, so load balancers "
+              "and the router stop sending first; then stop (a second signal cuts it short)")
+
+
 class ServiceConfig:
     """What every service's config shares (its base class): the metrics and log fields (their
     flags come first in --help) and the checks of the server fields each config declares with
@@ -177,9 +181,13 @@ class ServiceConfig:
     metrics_host: str = dataclasses.field(default="127.0.0.1", metadata={"help": "Prometheus bind address"})
     log_level: str = dataclasses.field(default="info", metadata={"help": "debug | info | warning | error"})
     log_json: bool = dataclasses.field(default=True, metadata={"help": "JSON log lines (else console format)"})
+    drain_s: float = dataclasses.field(default=0.0, metadata={"help": DRAIN_HELP})
 
     def check_server(self) -> None:
-        """port in range, port_file a Path, max_message_bytes >= 64 KiB (ValueError otherwise)."""
+        """port in range, port_file a Path, max_message_bytes >= 64 KiB, drain_s finite >= 0
+        (ValueError otherwise)."""
+        if not (self.drain_s >= 0 and self.drain_s < float("inf")):
+            raise ValueError(f"drain_s must be a finite number >= 0, not {self.drain_s!r}")
         port_file = getattr(self, "port_file", None)
         if port_file is not None:
             self.port_file = Path(port_file)
