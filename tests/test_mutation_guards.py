@@ -53,7 +53,7 @@ def test_rerotated_keys_equal_keys_computed_at_the_new_positions(engines, family
     g = torch.Generator().manual_seed(fresh_seed)
     hidden = engine.model.embed_tokens.weight.shape[1]
     for mixer in attention_mixers(engine):
-        x = torch.randn(1, 9, hidden, generator=g)
+        x = torch.randn(1, 9, getattr(mixer, "input_size", hidden), generator=g)
         for p, d in ((0, 1), (0, 37), (5, 200), (13, 1)):
             direct = keys_at(mixer, x, p + d)
             moved = mixer.rerotate(keys_at(mixer, x, p), d)

@@ -129,16 +129,22 @@ class OlmoAttention(nn.Module):
             self.rotary = RotaryEmbedding(self.head_dim, rope["rope_theta"])
         self.scale = self.head_dim**-0.5
 
-    def forward(self, x, state, ctx: ForwardContext):
+    def qkv(self, x, positions):
+        """q, k, v [B, heads, T, head_dim] of x at `positions` (keys rotated when RoPE is on)."""
         B, T, _ = x.shape
         q = self.q_norm(self.q_proj(x)).view(B, T, self.n_q, self.head_dim).transpose(1, 2)
         k = self.k_norm(self.k_proj(x)).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         if self.rotary is not None:
             # transformers keeps OLMo's cos/sin in fp32 whatever the model dtype
-            cos, sin = self.rotary.cos_sin(ctx.positions, torch.float32)
+            cos, sin = self.rotary.cos_sin(positions, torch.float32)
             q = self.rotary.apply(q, cos, sin).to(v.dtype)
             k = self.rotary.apply(k, cos, sin).to(v.dtype)
+        return q, k, v
+
+    def forward(self, x, state, ctx: ForwardContext):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x, ctx.positions)
         o, new_state = attend(q, k, v, state, self.scale, ctx)
         return self.o_proj(o.reshape(B, T, -1)), new_state
 

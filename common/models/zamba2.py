@@ -52,6 +52,7 @@ class SharedAttention(nn.Module):
         super().__init__()
         A, hd = cfg.attention_hidden_size, cfg.attention_head_dim
         self.n_q, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.input_size = A  # the shared blocks read [hidden; embeddings]
         self.q_proj = nn.Linear(A, self.n_q * hd, bias=False)
         self.k_proj = nn.Linear(A, self.n_kv * hd, bias=False)
         self.v_proj = nn.Linear(A, self.n_kv * hd, bias=False)
@@ -69,7 +70,8 @@ class SharedAttention(nn.Module):
             self.rotary = RotaryEmbedding(hd, rope.get("rope_theta", 10000.0))
         self.scale = (hd / 2) ** -0.5
 
-    def forward(self, x, state, ctx, slot: int):
+    def qkv(self, x, positions, slot: int = 0):
+        """q, k, v [B, heads, T, head_dim] of x at `positions` through the adapters of `slot`."""
         B, T, _ = x.shape
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if self.has_adapters:
@@ -80,8 +82,13 @@ class SharedAttention(nn.Module):
         k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         if self.rotary is not None:
-            cos, sin = self.rotary.cos_sin(ctx.positions, q.dtype)
+            cos, sin = self.rotary.cos_sin(positions, q.dtype)
             q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        return q, k, v
+
+    def forward(self, x, state, ctx, slot: int):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x, ctx.positions, slot)
         o, new_state = attend(q, k, v, state, self.scale, ctx)
         return self.o_proj(o.reshape(B, T, -1)), new_state
 

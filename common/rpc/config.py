@@ -167,11 +167,11 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None, *,
         raise ConfigError(str(e)) from None
 
 
-@dataclasses.dataclass
 DRAIN_HELP = ("on SIGTERM: seconds to keep serving while health says NOT_SERVING, so load balancers "
               "and the router stop sending first; then stop (a second signal cuts it short)")
 
 
+@dataclasses.dataclass
 class ServiceConfig:
     """What every service's config shares (its base class): the metrics and log fields (their
     flags come first in --help) and the checks of the server fields each config declares with
