@@ -17,6 +17,7 @@ import torch
 from common.fingerprint import model_fingerprint
 from common.loader import CheckpointReader, load_weights
 from common.models import TEXT_SUBCONFIG, UnsupportedArchitecture, model_class
+from common.sampling import top_p_filter
 from common.state import ModelState
 
 
@@ -160,12 +161,15 @@ class HybridEngine:
         return tokens
 
 
-def pick_token(logits: torch.Tensor, temperature: float, top_k: int = 0, gen=None) -> int:
-    """The next token: argmax at temperature 0, else a (top-k) sample; what generate() uses."""
+def pick_token(logits: torch.Tensor, temperature: float, top_k: int = 0, gen=None,
+               top_p: float = 1.0) -> int:
+    """The next token: argmax at temperature 0, else a (top-k, then top-p) sample; what
+    generate() uses."""
     if temperature <= 0:
         return int(torch.argmax(logits))
     logits = logits.float() / temperature
     if top_k > 0:
         v, _ = torch.topk(logits, top_k)
         logits = logits.masked_fill(logits < v[-1], float("-inf"))
+    logits = top_p_filter(logits, top_p)
     return int(torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=gen))

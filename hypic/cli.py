@@ -116,7 +116,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         with hypic.Client(args.address, timeout=args.timeout) as client:
             kw = dict(max_tokens=args.max_tokens, temperature=args.temperature,
-                      top_k=args.top_k, seed=args.seed, mode=args.mode,
+                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, mode=args.mode,
                       stop_at_eos=args.stop_at_eos)
             if args.json:
                 r = client.generate(segments, query, stream=False, **kw)
@@ -200,9 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--mode", default="hypic", choices=["hypic", "full", "prefix", "naive"])
-    gen.add_argument("--stop-at-eos", action="store_true")
+    gen.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
+                     help="stop at the model's EOS token (default; --no-stop-at-eos runs on)")
     gen.add_argument("--timeout", type=float, default=120.0, help="seconds")
     gen.add_argument("--ids", action="store_true", help="print token ids when there is no text")
     gen.add_argument("--json", action="store_true", help="wait and print the result as JSON")
