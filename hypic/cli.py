@@ -1,7 +1,8 @@
 """The `hypic` command (also `python -m hypic`).
 
     hypic up [--model DIR] [--data-dir ./.hypic-data] [--scatter 2] [--port 50051] ...
-        start segcache, scatter × N, combine and the router on 127.0.0.1, wait until all are
+        start segcache, scatter × N, combine, the router and the OpenAI-compatible front
+        (http://127.0.0.1:8000/v1, --no-front to skip) on 127.0.0.1, wait until all are
         healthy, print the router address, run until Ctrl-C / SIGTERM, then stop everything.
     hypic generate --address HOST:PORT --segment TEXT [--segment-ids 1,2,3 ...] --query TEXT
         stream one generation to stdout (timings on stderr).
@@ -49,7 +50,7 @@ def cmd_up(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     extra: dict[str, list[str]] = {}
-    for kind in ("router", "segcache", "scatter", "combine"):
+    for kind in ("router", "segcache", "scatter", "combine", "front"):
         vals = getattr(args, f"{kind}_arg") or []
         if vals:
             extra[kind] = [a for v in vals for a in v.split()]
@@ -59,7 +60,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 combine_ports=_ports(args.combine_ports) if args.combine_ports else None,
                 segcache=not args.no_segcache, seam=args.seam, dtype=args.dtype,
                 device=args.device, gpus=args.gpus.split(",") if args.gpus else None,
-                threads=args.threads, extra_args=extra, start_timeout_s=args.start_timeout)
+                threads=args.threads, extra_args=extra, start_timeout_s=args.start_timeout,
+                front=not args.no_front, front_port=args.front_port)
     old = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         print(f"hypic up: starting {', '.join(mesh.names)} (logs in {mesh.log_dir})",
@@ -72,6 +74,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
         for name, addr in mesh.addresses.items():
             print(f"  {name:<10} {addr}  pid {mesh[name].pid}", file=sys.stderr)
+        if "front" in mesh.services:
+            print(f"hypic up: OpenAI-compatible API at {mesh.front_url}/v1 "
+                  f"(model {mesh.model.name}); metrics at {mesh.front_url}/metrics",
+                  file=sys.stderr)
         print(f"hypic up: ready in {time.monotonic() - t0:.1f} s; Ctrl-C to stop",
               file=sys.stderr, flush=True)
         if args.json:
@@ -181,7 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--device", default="cpu", help="torch device of scatter and combine")
     up.add_argument("--gpus", default="", help="CUDA ids, one per scatter then combine: 0,1,2")
     up.add_argument("--threads", type=int, default=None, help="torch threads per worker")
-    for kind in ("router", "segcache", "scatter", "combine"):
+    up.add_argument("--front-port", type=int, default=8000,
+                    help="port of the OpenAI-compatible HTTP front; 0 = ephemeral")
+    up.add_argument("--no-front", action="store_true", help="do not start the HTTP front")
+    for kind in ("router", "segcache", "scatter", "combine", "front"):
         up.add_argument(f"--{kind}-arg", action="append", metavar="FLAGS",
                         help=f"extra flags for {kind} (repeatable), e.g. '--log-level debug'")
     up.add_argument("--no-restart", action="store_true", help="do not restart crashed services")

@@ -38,24 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from hypic.healthcheck import check
+from hypic.healthcheck import check, http_check
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "models" / "hypic-tiny-qwen35"
 DEFAULT_DATA_DIR = Path(".hypic-data")
 KINDS = ("segcache", "scatter", "combine", "router", "front")
-
-
-def http_health(address: str, timeout: float = 1.0) -> bool:
-    """GET http://address/health answers 200 (the OpenAI front's probe)."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://{address}/health", timeout=timeout) as r:
-            return r.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 class MeshError(RuntimeError):
@@ -176,7 +164,7 @@ class Service:
     def answers(self, timeout: float = 1.0) -> bool:
         """The health probe: grpc.health.v1 SERVING, or for the HTTP front GET /health 200."""
         if self.kind == "front":
-            return http_health(self.address, timeout)
+            return http_check(self.address, timeout)
         return check(self.address, timeout=timeout)
 
     def signal(self, sig: int) -> None:

@@ -367,3 +367,22 @@ def test_single_message_is_cached_as_one_segment(template) -> None:
     p = chat_prompt({"messages": [{"role": "user", "content": "find dorap"}]}, template)
     ids = template.encode("<q> find dorap <a>")
     assert p.segments == [ids[:-1]] and p.query == [ids[-1]]
+
+
+def test_readme_quick_start_examples_answer(mesh, api) -> None:
+    """The README's curl body and openai example, sent as written, answer the document's fact."""
+    import json
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## OpenAI-compatible front"):]
+    body = json.loads(re.search(r"-d '(\{.*?\})'", section, re.S).group(1))
+    r = httpx.post(mesh.front_url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"].strip() == "lopo"
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = code.replace('OpenAI(base_url="http://127.0.0.1:8000/v1"',
+                        f'OpenAI(base_url="{mesh.front_url}/v1"').replace("print(", "out.append(")
+    out: list = []
+    exec(compile(code, "README", "exec"), {"out": out})
+    assert out and out[0][0].strip() == "lopo"

@@ -40,9 +40,10 @@ async def serve(cfg: FrontConfig) -> int:
     try:
         template = await asyncio.get_running_loop().run_in_executor(None, ChatTemplate.load,
                                                                     cfg.model)
-    except (OSError, ValueError) as e:
-        log.error("cannot load the tokenizer", model=str(cfg.model), error=str(e))
-        return 1
+    except (OSError, ValueError) as e:  # a model without tokenizer files: token ids only
+        log.warning("no tokenizer; serving without chat template", model=str(cfg.model),
+                    error=str(e))
+        template = ChatTemplate(None)
     try:
         sock = bind(cfg.host, cfg.port)
     except OSError as e:

@@ -16,7 +16,7 @@ import hmac
 import json
 import time
 import uuid
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from typing import Any, AsyncIterator
 
 import structlog
@@ -100,7 +100,8 @@ class Front:
             return StreamingResponse(self._events(gen, shape, include_usage),
                                      media_type="text/event-stream", headers=headers)
         try:
-            text = "".join([piece async for piece in gen.deltas()])
+            async with aclosing(gen.deltas()) as deltas:
+                text = "".join([piece async for piece in deltas])
         finally:
             self._leave()
         log.info("done", endpoint=endpoint, request_id=rid, finish_reason=gen.finish_reason,
@@ -114,8 +115,9 @@ class Front:
             opening = shape.opening()
             if opening is not None:
                 yield sse(opening)
-            async for piece in gen.deltas():
-                yield sse(shape.chunk(piece))
+            async with aclosing(gen.deltas()) as deltas:  # a client gone cancels the router call
+                async for piece in deltas:
+                    yield sse(shape.chunk(piece))
             yield sse(shape.chunk(None, gen.finish_reason))
             if include_usage:
                 yield sse(shape.usage_chunk(gen))

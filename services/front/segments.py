@@ -36,9 +36,10 @@ class Prompt:
 
 
 class ChatTemplate:
-    """The model's tokenizer and chat template, applied one message at a time."""
+    """The model's tokenizer and chat template, applied one message at a time. Without a
+    tokenizer (a model served as token ids) messages are sent as their plain text."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any = None):
         self.tokenizer = tokenizer
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
 
@@ -55,6 +56,9 @@ class ChatTemplate:
             [{"role": role, "content": text}], tokenize=False, add_generation_prompt=query)
 
     def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise bad_request("the model has no tokenizer: send segments (hypic.segments or "
+                              "several messages)")
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def eos_ids(self) -> set[int]:
