@@ -386,3 +386,32 @@ def test_readme_quick_start_examples_answer(mesh, api) -> None:
     out: list = []
     exec(compile(code, "README", "exec"), {"out": out})
     assert out and out[0][0].strip() == "lopo"
+
+
+def test_bench_serve_against_the_running_front_and_router(mesh, tmp_path) -> None:
+    """`bench.serve --base-url` / `--address` replay a JSONL trace against the running mesh:
+    every request answers, the repeated documents report cached tokens both ways."""
+    import json
+
+    from bench import serve
+    from bench.remote import load_trace
+
+    docs, questions = session(7, 2)
+    lines = [{"segments": docs[:4], "query": f"<q> {q} <a>", "max_tokens": 3} for q, _ in questions]
+    lines.append({"segments": docs[:4][::-1], "query": "<q> find x <a>", "max_tokens": 2})
+    trace = tmp_path / "trace.jsonl"  # no arrival times: closed loop, one request after another
+    trace.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (tmp_path / "timed.jsonl").write_text(json.dumps({**lines[0], "arrival_s": 0.5}) + "\n")
+    assert [r.arrival_s for r in load_trace(tmp_path / "timed.jsonl", 8)] == [0.5]
+    for how, target in (("--base-url", mesh.front_url), ("--address", mesh.router_address)):
+        out = serve.main([how, target, "--trace", str(trace), "--out", str(tmp_path),
+                          "--tag", how.strip("-")])
+        recs = out["records"]
+        assert out["summary"]["errors"] == 0, out["summary"]["errors_sample"]
+        assert all(1 <= r["tokens"] <= 3 for r in recs)
+        assert all(r["ttft_s"] > 0 and r["prompt_tokens"] > 100 for r in recs)
+        assert recs[-1]["cached_tokens"] > 0  # the same documents, reversed
+        assert (tmp_path / f"serve_remote{how.strip('-')}.json").exists()
+    with pytest.raises(ValueError, match="trace.jsonl:1"):
+        trace.write_text('{"query": "x"}\n')
+        serve.main(["--base-url", mesh.front_url, "--trace", str(trace), "--out", str(tmp_path)])
