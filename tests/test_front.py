@@ -415,3 +415,33 @@ def test_bench_serve_against_the_running_front_and_router(mesh, tmp_path) -> Non
     with pytest.raises(ValueError, match="trace.jsonl:1"):
         trace.write_text('{"query": "x"}\n')
         serve.main(["--base-url", mesh.front_url, "--trace", str(trace), "--out", str(tmp_path)])
+
+
+def test_front_process_port_file_and_clean_sigterm(tmp_path) -> None:
+    """python -m services.front writes its port file once serving, and on SIGTERM logs (JSON
+    lines) and exits 0, like every other service."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    port_file = tmp_path / "front.json"
+    proc = subprocess.Popen([sys.executable, "-m", "services.front", "--port", "0", "--port-file",
+                             str(port_file), "--router-addresses", "127.0.0.1:1"],
+                            stderr=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    try:
+        for _ in range(600):
+            if port_file.exists() or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        info = json.loads(port_file.read_text())
+        assert info["pid"] == proc.pid and info["model"] == MODEL
+        assert httpx.get(f"http://127.0.0.1:{info['port']}/health").status_code == 503
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    events = [json.loads(ln)["event"] for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
+    assert events[-3:] == ["serving", "shutting down", "stopped"]

@@ -9,13 +9,14 @@ its HYPIC_FRONTEND_* variable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
 
 from common.rpc.config import ConfigError, describe, load_config
 from common.rpc.log import setup_logging
-from common.rpc.server import run, write_port_file
+from common.rpc.server import run, wait_for_shutdown_signal, write_port_file
 from services.front.config import ENV_PREFIX, FrontConfig
 
 
@@ -31,6 +32,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 async def serve(cfg: FrontConfig) -> int:
     import uvicorn
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # SIGTERM / SIGINT are ours (as in every Hypic service): uvicorn would re-raise the
+            # signal after its shutdown and end the process before the last log line.
+            yield
 
     from services.front.app import create_app
     from services.front.segments import ChatTemplate
@@ -51,7 +59,7 @@ async def serve(cfg: FrontConfig) -> int:
         return 1
     port = sock.getsockname()[1]
     app = create_app(cfg, template)
-    server = uvicorn.Server(uvicorn.Config(
+    server = Server(uvicorn.Config(
         app, log_config=None, access_log=False, lifespan="on",
         timeout_graceful_shutdown=int(max(1, cfg.grace_s))))
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -63,7 +71,14 @@ async def serve(cfg: FrontConfig) -> int:
     log.info("serving", host=cfg.host, port=port, model=cfg.model_name, routers=cfg.routers,
              chat_template=template.has_template, auth=bool(cfg.api_key),
              metrics=f"http://{cfg.host}:{port}/metrics")
-    await task  # uvicorn handles SIGTERM / SIGINT: stops accepting, drains, returns
+    stop = asyncio.create_task(wait_for_shutdown_signal())
+    await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    if stop.done():
+        log.info("shutting down", signal=stop.result())
+        server.should_exit = True  # stop accepting, let running requests finish (grace_s)
+    else:
+        stop.cancel()
+    await task
     log.info("stopped")
     return 0
 
