@@ -261,7 +261,7 @@ def test_error_statuses_and_shape(mesh) -> None:
     assert r.status_code == 200, r.text
     long_prompt = " # # ".join(docs * 4 + [f"<q> {question} <a>"])  # > MAX_PROMPT_TOKENS
     err = _error(_post(mesh, "/v1/completions", json={"model": MODEL, "prompt": long_prompt}), 400)
-    assert err["code"] == "context_length_exceeded"
+    assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
     _error(_post(mesh, "/v1/completions", json={"model": MODEL, "prompt": ["a", "b"]}), 400)
     _error(httpx.get(mesh.front_url + "/v1/nothing-here"), 404)
 
@@ -445,3 +445,20 @@ def test_front_process_port_file_and_clean_sigterm(tmp_path) -> None:
             proc.kill()
     events = [json.loads(ln)["event"] for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
     assert events[-3:] == ["serving", "shutting down", "stopped"]
+
+
+def test_router_statuses_map_to_openai_errors() -> None:
+    from hypic import errors as sdk
+    from services.front.errors import from_sdk
+
+    cases = [(sdk.InvalidArgument("segment 0 is empty"), 400, None),
+             (sdk.InvalidArgument("prompt of 9 tokens is over max_prompt_tokens (8)"), 400,
+              "context_length_exceeded"),
+             (sdk.ResourceExhausted("64 requests in flight"), 429, "overloaded"),
+             (sdk.Unavailable("no combine service available"), 503, "unavailable"),
+             (sdk.DeadlineExceeded("deadline exceeded"), 504, "timeout"),
+             (sdk.Internal("internal error: KeyError"), 500, "internal")]
+    for err, status, code in cases:
+        api = from_sdk(err)
+        assert (api.status, api.code) == (status, code), err
+        assert api.body()["error"]["message"]

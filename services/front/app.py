@@ -90,6 +90,11 @@ class Front:
         self._enter()
         try:
             await gen.start()
+        except ApiError as e:
+            self._leave()
+            if e.code == "context_length_exceeded" and endpoint == "completions":
+                e.param = "prompt"
+            raise
         except BaseException:
             self._leave()
             raise
