@@ -54,6 +54,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         vals = getattr(args, f"{kind}_arg") or []
         if vals:
             extra[kind] = [a for v in vals for a in v.split()]
+        # Metrics on by default: an ephemeral Prometheus port per gRPC service (the front serves
+        # /metrics on its own port), unless the caller chose one or --no-metrics.
+        if kind != "front" and not args.no_metrics and "--metrics-port" not in extra.get(kind, []):
+            extra[kind] = ["--metrics-port", "0"] + extra.get(kind, [])
     mesh = Mesh(model, args.data_dir, args.scatter, n_combine=args.combine, host=args.host,
                 router_port=args.port, segcache_port=args.segcache_port,
                 scatter_ports=_ports(args.scatter_ports) if args.scatter_ports else None,
@@ -74,6 +78,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
         for name, addr in mesh.addresses.items():
             print(f"  {name:<10} {addr}  pid {mesh[name].pid}", file=sys.stderr)
+        metrics = {n: mesh[n].info.get("metrics_port") for n in mesh.services}
+        if any(metrics.values()):
+            print("hypic up: Prometheus metrics at " + ", ".join(
+                f"{n} http://{mesh[n].host}:{p}/metrics" for n, p in metrics.items() if p),
+                  file=sys.stderr)
         if "front" in mesh.services:
             print(f"hypic up: OpenAI-compatible API at {mesh.front_url}/v1 "
                   f"(model {mesh.model.name}); metrics at {mesh.front_url}/metrics",
@@ -190,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--front-port", type=int, default=8000,
                     help="port of the OpenAI-compatible HTTP front; 0 = ephemeral")
     up.add_argument("--no-front", action="store_true", help="do not start the HTTP front")
+    up.add_argument("--no-metrics", action="store_true",
+                    help="no Prometheus ports for the gRPC services (on by default, ephemeral)")
     for kind in ("router", "segcache", "scatter", "combine", "front"):
         up.add_argument(f"--{kind}-arg", action="append", metavar="FLAGS",
                         help=f"extra flags for {kind} (repeatable), e.g. '--log-level debug'")
