@@ -89,6 +89,44 @@ def test_entry_bytes_are_deterministic_and_round_trip(engine, fresh_seed, tmp_pa
         SegmentEntry.from_bytes(bytes(bad))
 
 
+def test_entry_parse_views_the_buffer_and_matches_safetensors(engine, fresh_seed):
+    """from_bytes views a writable buffer (no copy) and gives exactly what safetensors' own
+    (copying) loader gives; entries of format version 1 (blake2b, unaligned payload) still parse."""
+    import hashlib
+    import json
+    import struct
+
+    import numpy as np
+    from safetensors.torch import load as st_load
+
+    segs, _ = random_prompt(engine, fresh_seed, (29,))
+    data = engine.build_entry(segs[0], seam=3).to_bytes()
+    (n,) = struct.unpack("<I", data[4:8])
+    assert (8 + n) % 8 == 0  # payload aligned
+    ref = st_load(data[8 + n:-16])
+    buf = np.frombuffer(bytearray(data), dtype=np.uint8)
+    e = SegmentEntry.from_bytes(buf)
+    lo, hi = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    views = [t for t in e._tensors().values() if t.numel()]
+    assert views and all(lo <= t.data_ptr() < hi for t in views)  # aliases the buffer
+    for k, t in e._tensors().items():
+        assert torch.equal(t, ref[k]), k
+    # version 1: blake2b hex digest, no padding (the payload may start misaligned)
+    header = json.loads(data[8:8 + n])
+    payload = data[8 + n:-16]
+    header.update(version=1, checksum=hashlib.blake2b(payload, digest_size=16).hexdigest())
+    hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b" "  # payload off by one
+    old = b"HYPE" + struct.pack("<I", len(hb)) + hb + payload
+    e1 = SegmentEntry.from_bytes(bytearray(old))
+    assert e1.to_bytes() == data
+    # every byte is covered: a flip in the header is refused as surely as one in a tensor
+    for at in (9, 8 + n + 20, len(data) - 30, len(data) - 1):
+        bad = bytearray(data)
+        bad[at] ^= 0x10
+        with pytest.raises(EntryError):
+            SegmentEntry.from_bytes(bad)
+
+
 def test_entry_is_identical_in_another_process(tmp_path):
     """Build the same entry in two fresh processes: byte-identical (hence cacheable anywhere)."""
     path = save_tiny("qwen3_5_text", tmp_path / "m", seed=3, **PIC_CONFIGS["qwen3_5_text"])

@@ -13,7 +13,7 @@ DEVICE demotes to HOST, evicting from HOST just drops the copy, and evicting fro
 the entry (it would otherwise live only in volatile memory).
 
 LMDB holds two databases, written in one transaction per Put:
-  data: key -> 32-byte header (magic "HSC1", version, payload length, blake2b-128 digest) + payload
+  data: key -> 32-byte header (magic "HSC1", version, payload length, 16-byte digest) + payload
   meta: key -> size, recompute cost, token count, pin flag, digest, model fingerprint
 The index is rebuilt from `meta` at start. Bytes read from LMDB are verified against the header
 and the meta digest; a mismatch (bit flips, truncation, a missing value) drops the entry from
@@ -27,7 +27,6 @@ sections. Order: `_wlock` before `_lock`, never the reverse.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import queue
 import struct
@@ -39,6 +38,7 @@ import lmdb
 import numpy as np
 import structlog
 
+from common.checksum import DIGEST_BYTES, checksum  # noqa: F401  (re-exported)
 from services.segcache.config import SegcacheConfig
 from services.segcache.policy import Policy, make_policy
 
@@ -46,9 +46,8 @@ TIER_MISS, TIER_DEVICE, TIER_HOST, TIER_DISK = 0, 1, 2, 3
 TIER_NAMES = {TIER_MISS: "miss", TIER_DEVICE: "device", TIER_HOST: "host", TIER_DISK: "disk"}
 
 MAGIC = b"HSC1"
-FORMAT_VERSION = 1
-DIGEST_BYTES = 16
-# magic, version, flags, payload length, blake2b digest
+FORMAT_VERSION = 2  # 2: XXH3-128 digests (common.checksum); version 1 (blake2b) records read as corrupt
+# magic, version, flags, payload length, digest
 HEADER = struct.Struct("<4sHHQ16s")
 # version, flags (bit 0: pinned), pad, token count, size, recompute cost, digest; fingerprint follows
 META = struct.Struct("<BBxxIQd16s")
@@ -84,11 +83,6 @@ class ChecksumMismatch(SegcacheError):
 
 class CorruptEntry(Exception):
     """Internal: an LMDB value failed verification."""
-
-
-def checksum(data: Any) -> bytes:
-    """blake2b-128 of a bytes-like object (numpy arrays included)."""
-    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=DIGEST_BYTES).digest()
 
 
 # ---- records ------------------------------------------------------------------------------
