@@ -127,6 +127,24 @@ def test_entry_parse_views_the_buffer_and_matches_safetensors(engine, fresh_seed
             SegmentEntry.from_bytes(bad)
 
 
+@pytest.mark.parametrize("length,seam", [(37, 4), (2, 8), (60, 0), (9, 8), (3, 1), (71, 16)])
+def test_fused_build_equals_the_reference_build(engine, fresh_seed, length, seam):
+    """build_entry (T from the forward's own fused kernel) against build_entry_reference (plain
+    forward, then features and summary again): same tensors up to float32 round-off (the fused
+    kernel orders the sums differently, and S(C|0) is recovered as end - T . start)."""
+    from common.pic.reuse import build_entry_reference
+
+    segs, _ = random_prompt(engine, fresh_seed, (length,))
+    got, ref = engine.build_entry(segs[0], seam).__dict__, build_entry_reference(engine, segs[0], seam).__dict__
+    a, b = SegmentEntry(**got)._tensors(), SegmentEntry(**ref)._tensors()
+    assert a.keys() == b.keys() and [type(x) for x in got["layers"]] == [type(x) for x in ref["layers"]]
+    assert [getattr(x, "form", None) for x in got["layers"]] == [getattr(x, "form", None) for x in ref["layers"]]
+    for k in a:
+        assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+        if a[k].numel():
+            assert (a[k] - b[k]).abs().max() <= 1e-5 * max(1.0, b[k].abs().max()), k
+
+
 def test_entry_is_identical_in_another_process(tmp_path):
     """Build the same entry in two fresh processes: byte-identical (hence cacheable anywhere)."""
     path = save_tiny("qwen3_5_text", tmp_path / "m", seed=3, **PIC_CONFIGS["qwen3_5_text"])
