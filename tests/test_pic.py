@@ -74,6 +74,32 @@ def test_prefix_mode_equals_full_when_it_reuses(engine, fresh_seed):
     assert (out.logits - full).abs().max() < 1e-4
 
 
+def test_one_pass_over_segments_equals_a_forward_per_segment(engine, fresh_seed):
+    """The prefix baseline's single pass (common.pic.prefix.forward_segments) leaves, at every
+    segment end, the state a forward per segment leaves -- from the start and after a prefix."""
+    from common.pic.prefix import forward_segments
+    from common.state import AttentionLayerState, LinearLayerState
+
+    segs, _ = random_prompt(engine, fresh_seed, (13, 2, 31, 5, 20))
+    for before in (None, engine.forward(segs[0])[2]):
+        rest = segs[1:] if before is not None else segs
+        got = forward_segments(engine, rest, before)
+        state = before
+        for j, seg in enumerate(rest):
+            _, _, state = engine.forward(seg, state)
+            assert got[j].seq_len == state.seq_len
+            for a, b in zip(got[j].layers, state.layers):
+                assert type(a) is type(b)
+                if isinstance(b, LinearLayerState):
+                    pairs = [(a.recurrent, b.recurrent), (a.conv, b.conv)]
+                elif isinstance(b, AttentionLayerState):
+                    pairs = [(a.keys, b.keys), (a.values, b.values)]
+                else:
+                    pairs = []
+                for x, y in pairs:
+                    assert x.shape == y.shape and (x - y).abs().max() <= 1e-5 * max(1.0, y.abs().max())
+
+
 def test_entry_bytes_are_deterministic_and_round_trip(engine, fresh_seed, tmp_path):
     segs, _ = random_prompt(engine, fresh_seed, (37,))
     a = engine.build_entry(segs[0], seam=4).to_bytes()

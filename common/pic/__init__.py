@@ -11,7 +11,7 @@ import time
 import torch
 
 from common.pic.entry import AttentionBody, EntryError, LinearBody, SegmentEntry, dtype_name, segment_key
-from common.pic.prefix import PrefixCache, chain_keys
+from common.pic.prefix import PrefixCache, chain_keys, forward_segments
 from common.pic.reuse import build_entry, compose_segment, prefill_layer_major, prefill_segment_major
 
 MODES = ("full", "prefix", "naive", "hypic")
@@ -80,9 +80,10 @@ def prefill_segments(engine, segments, query, entries=None, mode: str = "hypic",
             if hit is not None:
                 state, reused = hit, j + 1
                 break
-        for j in range(reused, len(segs)):
-            _, _, state = engine.forward(segs[j], state)
-            engine.prefix_cache.put(keys[j], state)
+        if reused < len(segs):  # the uncached segments in one pass, a state kept at each end
+            for j, st in enumerate(forward_segments(engine, segs[reused:], state), start=reused):
+                engine.prefix_cache.put(keys[j], st)
+                state = st
         extra["reused_segments"] = reused
         out = _query(engine, q, state)
     else:
