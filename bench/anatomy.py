@@ -154,7 +154,8 @@ def report(row: dict) -> None:
         print(f"  {name:<18}{ms(m[name])}")
     print(f"  {'router+rpc+out':<18}{ms(rest)}   (client TTFT - server TTFT)")
     print(f"  {'client TTFT':<18}{ms(m['client_ttft_s'])}")
-    print(f"  floor: {f['entry_bytes'] / 2**20:.1f} MiB at memcpy {f['memcpy_gbps']:.2f} GB/s = {ms(f['memcpy_s']).strip()}"
+    print(f"  floor: {f['entry_bytes'] / 2**20:.1f} MiB at memcpy {f['memcpy_gbps']:.2f} GB/s = "
+          f"{ms(f['memcpy_s']).strip()}"
           f" + {f['seam_query_tokens']} tokens at {1e3 * f['prefill_per_token_s']:.3f} ms = "
           f"{ms(f['tokens_s']).strip()} -> {ms(f['floor_s']).strip()}")
     print(f"  warm TTFT / floor = {row['ttft_over_floor']:.2f}x", flush=True)

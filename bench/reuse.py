@@ -100,13 +100,15 @@ def main(argv=None):
             row["speedup_vs_prefix"] = row["prefix_s"] / row["hypic_s"]
             rows.append(row)
             print(f"n={n:>3}  full {row['full_s']*1e3:8.1f} ms  prefix {row['prefix_s']*1e3:8.1f} ms "
-                  f"(reused {row['prefix_reused_segments']}; nothing cached x{row['prefix_nothing_cached_over_full']:.2f} "
+                  f"(reused {row['prefix_reused_segments']}; "
+                  f"nothing cached x{row['prefix_nothing_cached_over_full']:.2f} "
                   f"full)  naive {row['naive_s']*1e3:7.1f} ms  "
                   f"hypic {row['hypic_s']*1e3:7.1f} ms  (layer-major {row['hypic_layer_major_s']*1e3:7.1f} ms)  "
                   f"x{row['speedup_vs_full']:.1f} vs full, x{row['speedup_vs_prefix']:.1f} vs prefix", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(config=model["config"], model=model, threads=torch.get_num_threads(), rows=rows), indent=2))
+    out.write_text(json.dumps(dict(config=model["config"], model=model, threads=torch.get_num_threads(), rows=rows),
+                              indent=2))
     _plot(rows, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 

@@ -161,7 +161,8 @@ def main(argv=None):
         os.makedirs(os.path.dirname(a.json), exist_ok=True)
         with open(a.json, "w") as f:
             json.dump(dict(torch=torch.__version__, threads=torch.get_num_threads(), clock=a.clock, H=H, K=K, V=V,
-                           loadavg=os.getloadavg()[0], build=rows, compose=comp_rows, model_build=model_rows), f, indent=1)
+                           loadavg=os.getloadavg()[0], build=rows, compose=comp_rows, model_build=model_rows),
+                      f, indent=1)
         print(f"\nwrote {a.json}")
     return rows, comp_rows
 
