@@ -97,7 +97,12 @@ def test_one_pass_over_segments_equals_a_forward_per_segment(engine, fresh_seed)
                 else:
                     pairs = []
                 for x, y in pairs:
-                    assert x.shape == y.shape and (x - y).abs().max() <= 1e-5 * max(1.0, y.abs().max())
+                    if y is None:  # no conv (MiniMax's lightning attention)
+                        assert x is None
+                        continue
+                    assert x.shape == y.shape
+                    if y.numel():  # MLA latents keep zero-width values
+                        assert (x - y).abs().max() <= 1e-5 * max(1.0, y.abs().max())
 
 
 def test_entry_bytes_are_deterministic_and_round_trip(engine, fresh_seed, tmp_path):

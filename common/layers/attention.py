@@ -73,6 +73,13 @@ def causal_attention_reference(q, keys, values, scale: float) -> torch.Tensor:
     return (scores.softmax(-1) @ values.double()).to(q.dtype).transpose(1, 2)
 
 
+def attention_values(mixer, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The values a mixer attends over: its stored values, or for MLA latents (Kimi, whose values
+    are the first `latent_values` channels of the keys, stored once) a view of the keys."""
+    n = getattr(mixer, "latent_values", None)
+    return keys[..., :n] if n else values
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: AttentionLayerState | None, scale: float,
            ctx) -> tuple[torch.Tensor, AttentionLayerState]:
     """What every full-attention mixer calls: add this call's keys/values to the layer state and

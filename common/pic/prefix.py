@@ -16,7 +16,7 @@ from collections import OrderedDict
 
 import torch
 
-from common.layers.attention import append_kv, causal_attention
+from common.layers.attention import append_kv, attention_values, causal_attention
 from common.models.base import ForwardContext
 from common.state import AttentionLayerState, LinearLayerState, ModelState
 from kernels.linear_attn import linear_attention
@@ -76,7 +76,7 @@ def forward_segments(engine, segments: list[list[int]], state: ModelState | None
     for seg in segments:
         n += len(seg)
         ends.append(n)
-    plan = SegmentEndsPlan(state, ends)
+    plan = SegmentEndsPlan(state, ends, engine.model)
     start = state.seq_len
     ctx = ForwardContext(positions=torch.arange(start, start + n, device=engine.device), plan=plan)
     _, final = engine.model(torch.tensor([ids], dtype=torch.long, device=engine.device), state, ctx=ctx)
@@ -91,8 +91,9 @@ class SegmentEndsPlan:
     """Forward-context plan of `forward_segments`: records every layer's state at each segment
     end (the last end's state is the pass's own result)."""
 
-    def __init__(self, state: ModelState, ends: list[int]):
+    def __init__(self, state: ModelState, ends: list[int], model):
         self.state = state
+        self.model = model
         self.ends = ends
         self.at_end: list[dict[int, object]] = [{} for _ in ends]
 
@@ -101,7 +102,8 @@ class SegmentEndsPlan:
         past = st.keys.shape[2] - k.shape[2]
         for j, end in enumerate(self.ends[:-1]):
             self.at_end[j][ctx.layer] = AttentionLayerState(st.keys[:, :, : past + end], st.values[:, :, : past + end])
-        return causal_attention(q, st.keys, st.values, scale), st
+        values = attention_values(self.model.layers[ctx.layer].mixer, st.keys, st.values)
+        return causal_attention(q, st.keys, values, scale), st
 
     def run_linear(self, mixer, x, ctx):
         prev = self.state.layers[ctx.layer]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from common.layers.attention import causal_attention
+from common.layers.attention import attention_values, causal_attention
 from common.models.base import ForwardContext
 from common.pic.entry import AttentionBody, LinearBody, SegmentEntry, dtype_name
 from common.pic.protocol import PicEngine
@@ -45,7 +45,7 @@ def build_entry(engine: PicEngine, token_ids, seam: int) -> SegmentEntry:
     (kernels.linear_attn.prefill_with_summary) over its cached span, so T and S come out of the
     same pass as the outputs (`build_entry_reference`: a plain forward, then everything again)."""
     ids, seam = _check_build(engine, token_ids, seam)
-    plan = BuildPlan(min(seam, len(ids)))
+    plan = BuildPlan(min(seam, len(ids)), engine.model)
     x = torch.tensor([ids], dtype=torch.long, device=engine.device)
     ctx = ForwardContext(positions=torch.arange(len(ids), device=engine.device), plan=plan)
     _, state = engine.model(x, engine.new_state(), ctx=ctx)
@@ -76,12 +76,14 @@ class BuildPlan:
     cached body: T and S(C|0) of the span after the conv warm-up, the conv tail, the warm-up
     tokens' inputs. Attention layers run as usual."""
 
-    def __init__(self, seam: int):
+    def __init__(self, seam: int, model):
         self.seam = seam
+        self.model = model
         self.bodies: dict[int, LinearBody] = {}
 
     def attend(self, q, k, v, scale, ctx):
-        return causal_attention(q, k, v, scale), AttentionLayerState(k, v)
+        values = attention_values(self.model.layers[ctx.layer].mixer, k, v)
+        return causal_attention(q, k, values, scale), AttentionLayerState(k, v)
 
     def run_linear(self, mixer, x, ctx):
         L, w, c = x.shape[1], self.seam, mixer.conv_kernel
@@ -281,8 +283,7 @@ class SeamPlan:
         kpos = torch.arange(self.total, device=q.device)
         mask = kpos[None, :] <= self.seam_positions[:, None]
         n_rep = q.shape[1] // K_all.shape[1]
-        # MLA latents (Kimi): the values are the first channels of the keys, stored once
-        V_use = K_all[..., : mixer.latent_values] if getattr(mixer, "latent_values", None) else V_all
+        V_use = attention_values(mixer, K_all, V_all)
         Kr = K_all.repeat_interleave(n_rep, 1) if n_rep > 1 else K_all
         Vr = V_use.repeat_interleave(n_rep, 1) if n_rep > 1 else V_use
         o = F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=mask, scale=scale)
