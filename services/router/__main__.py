@@ -9,7 +9,6 @@ how tests and launchers learn an ephemeral port. `--help` lists every flag and i
 from __future__ import annotations
 
 import asyncio
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from common.rpc import service
@@ -60,4 +59,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())

@@ -9,7 +9,6 @@ flag and its env variable (HYPIC_SCATTER_*).
 from __future__ import annotations
 
 import asyncio
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from common.engine import HybridEngine
@@ -63,4 +62,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())

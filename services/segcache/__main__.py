@@ -8,7 +8,6 @@ tests and launchers learn an ephemeral port. `--help` lists every flag and its e
 from __future__ import annotations
 
 import asyncio
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import REGISTRY
@@ -69,4 +68,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())
