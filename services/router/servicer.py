@@ -23,6 +23,7 @@ import structlog
 from common import modes
 from common.fingerprint import segment_key
 from common.rpc.abort import Abort
+from common.rpc.discovery import MemberSet
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.segcache_client import SegcacheClient
 from common.rpc.server import channel_options
@@ -93,11 +94,16 @@ class RouterServicer(pb_grpc.RouterServicer):
         self.model = model
         self.executor = executor
         options = channel_options(cfg.max_message_bytes) + BACKOFF_OPTIONS
-        self.scatter_addresses = cfg.scatters
-        self.planner = Planner(len(self.scatter_addresses), CostModel(cfg.cost_prior))
+        self.planner = Planner(0, CostModel(cfg.cost_prior))
+        # Static lists are members from the start; dns:/// targets fill in at start_background.
         self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s)
-        self.scatters = ScatterPool(self.scatter_addresses, options, self.planner,
+        self.scatters = ScatterPool(cfg.scatters, options, self.planner,
                                     model.fingerprint, cfg.load_timeout_s)
+        self.discovery = [
+            MemberSet(cfg.scatter_target, refresh_s=cfg.discovery_refresh_s,
+                      listener=self.scatters.apply, what="scatter"),
+            MemberSet(cfg.combine_target, refresh_s=cfg.discovery_refresh_s,
+                      listener=self.combines.apply, what="combine")]
         self.segcache: SegcacheClient | None = None
         if cfg.segcache_address:
             ch = grpc.aio.insecure_channel(cfg.segcache_address, options=options)
@@ -108,8 +114,13 @@ class RouterServicer(pb_grpc.RouterServicer):
         self._publish_cost()
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    def start_background(self) -> None:
-        if self.scatter_addresses and self.cfg.load_poll_s > 0:
+    async def start_background(self) -> None:
+        """Resolve the members once (so the first request sees them), then keep them current."""
+        for ms in self.discovery:
+            if ms.target.is_dns:
+                await ms.refresh()
+                self._tasks.append(asyncio.create_task(ms.run()))
+        if self.cfg.scatter_addresses and self.cfg.load_poll_s > 0:
             self._tasks.append(asyncio.create_task(self.scatters.run(self.cfg.load_poll_s)))
 
     async def close(self) -> None:
@@ -128,7 +139,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             m.COST_COEF.labels(name).set(v)
 
     def _publish_loads(self) -> None:
-        for w, a in enumerate(self.scatter_addresses):
+        for w, a in enumerate(self.scatters.addresses):
             m.WORKER_LOAD.labels(a).set(self.planner.load(w))
 
     # ---- Info ----------------------------------------------------------------------------------
@@ -137,8 +148,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             model_type=self.model.model_type, model_fingerprint=self.model.fingerprint,
             vocab_size=self.model.vocab_size, seam=self.cfg.seam, dtype=self.cfg.dtype,
             max_prompt_tokens=self.cfg.max_prompt_tokens,
-            scatter_addresses=self.scatter_addresses,
-            combine_addresses=self.cfg.combines, segcache_address=self.cfg.segcache_address)
+            scatter_addresses=self.scatters.members,
+            combine_addresses=self.combines.addresses, segcache_address=self.cfg.segcache_address)
 
     # ---- Generate ------------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateEvent]:
@@ -291,7 +302,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=request.mode,
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
             seed=request.seed, return_logits=request.return_logits,
-            stop_at_eos=request.stop_at_eos, scatter_addresses=self.scatter_addresses,
+            stop_at_eos=request.stop_at_eos, scatter_addresses=list(self.scatters.addresses),
             segcache_address=cfg.segcache_address if cached_modes else "",
             store_entries=bool(cfg.segcache_address) and cached_modes)
         if not cached_modes:
@@ -311,7 +322,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                 jobs.append(Job(i, key, len(ids)))
         req.planned_misses = len(jobs)
         assigned: dict[int, Any] = {}
-        if jobs and self.scatter_addresses:
+        if jobs and self.planner.up_workers():
             req.ticket = self.planner.assign(jobs)
             assigned = {a.index: a for a in req.ticket.assignments}
             self._publish_loads()
@@ -442,7 +453,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                     raise Abort(code, f"deadline exceeded (combine {c.address})") from None
                 raise Abort(code, f"combine {c.address}: {e.details()}") from None
             finally:
-                c.in_flight -= 1
+                self.combines.done(c)
                 call.cancel()
-        raise Abort(grpc.StatusCode.UNAVAILABLE,
-                    f"no combine service available ({last_error or 'none configured'})")
+        raise Abort(grpc.StatusCode.UNAVAILABLE, f"no combine service available ("
+                    f"{last_error or 'no member in ' + repr(self.cfg.combine_addresses)})")
