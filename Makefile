@@ -8,7 +8,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 REQS    := requirements/base.txt requirements/constraints-cpu.txt pyproject.toml
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean compose-check
 
 venv: $(STAMP)
 
@@ -25,6 +25,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q tests
+
+# The mesh for real under Docker, CPU only (not part of test): scripts/compose-check.sh.
+compose-check: $(STAMP)
+	bash scripts/compose-check.sh
 
 clean:
 	rm -rf $(VENV)
