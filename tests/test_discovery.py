@@ -180,9 +180,14 @@ class NamedMesh:
         svc.start()
         return svc
 
+    @property
+    def segcache_target(self) -> str:
+        """segcache by name too: a single gRPC channel that gRPC itself resolves."""
+        return self.dns.target("segcache.test", self.services["segcache"].port)
+
     def worker_args(self) -> list[str]:
         return ["--model", str(self.model), "--threads", "1",
-                "--segcache-address", self.services["segcache"].address]
+                "--segcache-address", self.segcache_target]
 
     def start_scatter(self, i: int) -> Service:
         return self.service(f"scatter{i}", "scatter", self.worker_args(),
@@ -192,6 +197,7 @@ class NamedMesh:
         deadline = time.monotonic() + 300
         self.service("segcache", "segcache", ["--data-dir", str(self.root / "segcache")])
         self.services["segcache"].wait_ready(deadline)
+        self.dns.set("segcache.test", ["127.0.0.1"])
         workers = [self.start_scatter(i) for i in range(n_scatter)]
         workers.append(self.service("combine", "combine", self.worker_args(),
                                     host=self.COMBINE_IP, port=self.combine_port))
@@ -201,7 +207,7 @@ class NamedMesh:
         self.dns.set("combine.test", [self.COMBINE_IP])
         router = self.service("router", "router", [
             "--model", str(self.model), "--seam", str(SEAM),
-            "--segcache-address", self.services["segcache"].address,
+            "--segcache-address", self.segcache_target,
             "--scatter-addresses", self.dns.target("scatter.test", self.scatter_port),
             "--combine-addresses", self.dns.target("combine.test", self.combine_port),
             "--discovery-refresh-s", "0.3", "--load-poll-s", "0.3"])
@@ -252,8 +258,11 @@ def test_router_follows_scatter_records(named_mesh, engine, fresh_seed) -> None:
     router = dns.target("router.test", mesh.services["router"].port)   # the SDK by name too
     with hypic.Client(router, timeout=120) as c:
         wait_members(c, [mesh.scatter_address(0), mesh.scatter_address(1)])
+        segs, query = docs(fresh_seed, [60] * 6), [3, 1, 4]
         trace = ask(c, engine, fresh_seed, [60] * 6)
         assert {t.worker for t in trace} == {f"scatter@{mesh.scatter_address(i)}" for i in (0, 1)}
+        warm = c.generate(segments=segs, query=query, max_tokens=1, stream=False)
+        assert warm.timings.hits == 6, "builds were stored in and found from segcache by name"
 
         # add a scatter by adding a record: used within seconds, and it receives builds
         mesh.start_scatter(2).wait_ready(time.monotonic() + 300)
