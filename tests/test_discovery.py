@@ -75,6 +75,31 @@ def test_one_channel_target_for_many_members() -> None:
             hypic.Client(bad)
 
 
+def test_planner_follows_membership(fresh_seed: int) -> None:
+    from services.router.planner import Job, Planner
+
+    rng = random.Random(fresh_seed)
+    p = Planner(0)
+    assert p.up_workers() == []
+    with pytest.raises(ValueError):
+        p.assign([Job(0, "k0", 10)])
+    a, b = p.add_worker(), p.add_worker()
+    jobs = [Job(i, f"k{i}-{rng.random()}", rng.randrange(10, 500)) for i in range(8)]
+    t = p.assign(jobs)
+    assert {x.worker for x in t.assignments} == {a, b}
+    p.set_absent(a)                                   # its record went away
+    assert p.up_workers() == [b] and not p.idle(a)
+    t2 = p.assign([Job(0, f"new-{rng.random()}", 50)])
+    assert t2.assignments[0].worker == b
+    p.release(t)
+    p.release(t2)
+    assert p.idle(a) and p.loads() == [0.0, 0.0]
+    p.mark_down(b)                                    # present but not answering: still used
+    assert p.up_workers() == [b]                      # when it is the only one (combine falls back)
+    p.set_absent(a, False)                            # back: clean state
+    assert p.up_workers() == [a] and not p.is_down(a)
+
+
 # ==== member sets against a real DNS server ====================================================
 
 def test_member_set_follows_records(fresh_seed: int) -> None:

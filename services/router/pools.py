@@ -113,9 +113,13 @@ class ScatterPool:
         self._warned: set[str] = set()
         self.apply(addresses)
 
+    def present_slots(self) -> list[int]:
+        """Planner indices of the current members."""
+        return [w for w in range(len(self.addresses)) if not self.planner.is_absent(w)]
+
     @property
     def members(self) -> list[str]:
-        return [a for w, a in enumerate(self.addresses) if not self.planner.is_absent(w)]
+        return [self.addresses[w] for w in self.present_slots()]
 
     def apply(self, members: list[str]) -> None:
         live = set(members)

@@ -302,7 +302,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=request.mode,
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
             seed=request.seed, return_logits=request.return_logits,
-            stop_at_eos=request.stop_at_eos, scatter_addresses=list(self.scatters.addresses),
+            stop_at_eos=request.stop_at_eos,
             segcache_address=cfg.segcache_address if cached_modes else "",
             store_entries=bool(cfg.segcache_address) and cached_modes)
         if not cached_modes:
@@ -322,7 +322,12 @@ class RouterServicer(pb_grpc.RouterServicer):
                 jobs.append(Job(i, key, len(ids)))
         req.planned_misses = len(jobs)
         assigned: dict[int, Any] = {}
-        if jobs and self.planner.up_workers():
+        # The plan names present members only (combine falls back along this list, and a member
+        # that left may be gone): planner index -> position in it.
+        slots = self.scatters.present_slots()
+        position = {w: k for k, w in enumerate(slots)}
+        plan.scatter_addresses.extend(self.scatters.addresses[w] for w in slots)
+        if jobs and slots and self.planner.up_workers():
             req.ticket = self.planner.assign(jobs)
             assigned = {a.index: a for a in req.ticket.assignments}
             self._publish_loads()
@@ -333,7 +338,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             elif i in assigned:
                 a = assigned[i]
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SCATTER,
-                                  worker=a.worker, est_cost_s=a.est_s)
+                                  worker=position.get(a.worker, 0), est_cost_s=a.est_s)
             else:
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_LOCAL,
                                   est_cost_s=self.planner.cost.predict(len(ids)))
