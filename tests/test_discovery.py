@@ -18,7 +18,7 @@ import pytest
 import hypic
 from common.engine import HybridEngine
 from common.rpc.config import ConfigError, load_config
-from common.rpc.discovery import MemberSet, grpc_target, parse_target, resolve
+from common.rpc.discovery import MemberSet, parse_target, resolve
 from dns_server import LoopbackDNS
 from hypic.launcher import REPO_ROOT, Service
 from hypic.targets import channel_target
@@ -61,15 +61,15 @@ def test_router_config_accepts_dns_combines_without_a_static_list() -> None:
         load_config(RouterConfig, ["--discovery-refresh-s", "0"], env={})
 
 
-def test_one_channel_target_for_many_members() -> None:
-    for f in (grpc_target, channel_target):
-        assert f("127.0.0.1:1") == "127.0.0.1:1"
-        assert f("127.0.0.1:1,127.0.0.2:2") == "ipv4:127.0.0.1:1,127.0.0.2:2"
-        assert f("[::1]:1,[::1]:2") == "ipv6:[::1]:1,[::1]:2"
-        assert f("dns:///router:50051") == "dns:///router:50051"
-        for bad in ("a:1,b:2", "127.0.0.1:1,[::1]:2"):
-            with pytest.raises(ValueError):
-                f(bad)
+def test_sdk_channel_target_for_many_routers() -> None:
+    f = channel_target
+    assert f("127.0.0.1:1") == "127.0.0.1:1"
+    assert f("127.0.0.1:1,127.0.0.2:2") == "ipv4:127.0.0.1:1,127.0.0.2:2"
+    assert f("[::1]:1,[::1]:2") == "ipv6:[::1]:1,[::1]:2"
+    assert f("dns:///router:50051") == "dns:///router:50051"
+    for bad in ("a:1,b:2", "127.0.0.1:1,[::1]:2"):
+        with pytest.raises(ValueError):
+            f(bad)
     for bad in ("dns:///router", "", "router"):
         with pytest.raises(ValueError):
             hypic.Client(bad)

@@ -99,23 +99,6 @@ def parse_target(text: str) -> Target:
     return Target(text=text, name=name, port=port, dns_server=server)
 
 
-def grpc_target(target: Target | str) -> str:
-    """One gRPC channel target for all members (for gRPC's own load balancing): a DNS target as
-    it is (gRPC resolves and re-resolves it), one static address as it is, several IP literals
-    as `ipv4:a:p,b:p` / `ipv6:[a]:p,...`. Several host names: ValueError (use dns:///)."""
-    t = parse_target(target) if isinstance(target, str) else target
-    if t.is_dns or len(t.static) <= 1:
-        return t.text
-    hosts = [_split_host_port(a, "address")[0] for a in t.static]
-    if not all(_is_ip(h) for h in hosts):
-        raise ValueError(f"{t.text!r}: several addresses must be IP literals; for host names "
-                         f"use one dns:///name:port target")
-    families = {ipaddress.ip_address(h).version for h in hosts}
-    if len(families) > 1:
-        raise ValueError(f"{t.text!r}: mixes IPv4 and IPv6 addresses")
-    return ("ipv6:" if families == {6} else "ipv4:") + ",".join(t.static)
-
-
 async def resolve(target: Target, timeout_s: float = 2.0) -> list[str]:
     """The members of a target now: sorted `ip:port` strings (static ones as given). A name
     without records resolves to []; other resolver errors raise OSError."""
