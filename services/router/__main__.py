@@ -40,14 +40,15 @@ class RouterService(service.Service):
         router_pb2_grpc.add_RouterServicer_to_server(self.servicer, server)
 
     async def started(self) -> None:
-        self.servicer.start_background()
+        await self.servicer.start_background()
 
     def port_info(self) -> dict:
         return {"fingerprint": self.model.fingerprint}
 
     def serving_info(self) -> dict:
         cfg = self.cfg
-        return {"segcache": cfg.segcache_address or None, "scatter": cfg.scatters, "combine": cfg.combines}
+        return {"segcache": cfg.segcache_address or None, "scatter": cfg.scatter_addresses,
+                "combine": cfg.combine_addresses}
 
     async def close(self) -> None:
         await self.servicer.close()
