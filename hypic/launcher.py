@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from hypic.client import Credentials
 from hypic.healthcheck import check
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +64,7 @@ class Service:
     proc: subprocess.Popen | None = None
     info: dict = field(default_factory=dict)
     restarts: int = 0
+    credentials: Credentials | None = None  # how the launcher's health probes connect (TLS)
 
     @property
     def address(self) -> str:
@@ -128,7 +130,7 @@ class Service:
                 except (ValueError, KeyError):
                     pass  # written atomically, so only a foreign file; retry
                 else:
-                    if check(self.address, timeout=1.0):
+                    if check(self.address, timeout=1.0, credentials=self.credentials):
                         return
             if time.monotonic() > deadline:
                 raise MeshError(f"{self.name} not healthy in time; log {self.log_path}:\n"
@@ -185,14 +187,16 @@ class Mesh:
                  extra_args: Mapping[str, Sequence[str]] | None = None,
                  log_dir: str | os.PathLike[str] | None = None, start_timeout_s: float = 180.0,
                  grace_s: float = 10.0, python: str = sys.executable,
-                 die_with_parent: bool = True):
+                 die_with_parent: bool = True, tls: bool = False):
         """model: checkpoint directory (default: the bundled models/hypic-tiny-qwen35).
         n_scatter / n_combine: worker counts (n_scatter 0: misses are built on combine).
         segcache=False: no cache service. external_combine: combine addresses the router uses
         instead of (or besides) the ones started here (n_combine may then be 0).
         gpus: CUDA device ids, one per scatter worker and then one per combine (round-robin).
         threads: torch threads per model process (scatter/combine --threads).
-        extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}."""
+        extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}.
+        tls: mutual TLS everywhere, with a throwaway CA made in data_dir/tls (hypic/certs.py);
+        `client_credentials` is then what an SDK client needs (the "client" certificate)."""
         # Absolute paths: the children may run elsewhere than the caller's working directory.
         self.model = (Path(model) if model is not None else DEFAULT_MODEL).absolute()
         self.data_dir = Path(data_dir).absolute()
@@ -213,6 +217,8 @@ class Mesh:
         self.python = python
         self.die_with_parent = die_with_parent
         self.use_segcache = segcache
+        self.tls = tls
+        self.certs: Any = None  # hypic.certs.MeshCerts once started with tls
         self.external_combine = list(external_combine)
         if self.n_scatter < 0 or self.n_combine < 0:
             raise ValueError("n_scatter and n_combine must be >= 0")
@@ -289,9 +295,21 @@ class Mesh:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         args = args + self.extra_args.get(kind, []) + (
             self.extra_args.get(name, []) if name != kind else [])
+        if self.certs is not None:
+            args = self.certs.flags(kind) + args
         return Service(name=name, kind=kind, args=args, run_dir=self.run_dir,
                        log_dir=self.log_dir, host=self.host, port=self._ports[name], env=env,
-                       python=self.python, die_with_parent=self.die_with_parent)
+                       python=self.python, die_with_parent=self.die_with_parent,
+                       credentials=self.client_credentials)
+
+    @property
+    def client_credentials(self) -> Credentials | None:
+        """The SDK's credentials for this mesh (None without tls):
+        hypic.Client(address, credentials=mesh.client_credentials)."""
+        if self.certs is None:
+            return None
+        return Credentials(tls_ca=self.certs.ca, tls_cert=self.certs.cert("client"),
+                           tls_key=self.certs.key("client"))
 
     def _gpu(self, i: int) -> str | None:
         return self.gpus[i % len(self.gpus)] if self.gpus else None
@@ -303,6 +321,10 @@ class Mesh:
         if not (self.model / "config.json").exists():
             raise MeshError(f"no model at {self.model} (config.json missing); pass another model")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.tls and self.certs is None:
+            from hypic.certs import generate_mesh_certs  # cryptography: only when asked for
+
+            self.certs = generate_mesh_certs(self.data_dir / "tls")
         self._started = True
         atexit.register(self.stop)
         try:
@@ -385,7 +407,8 @@ class Mesh:
 
     def healthy(self, name: str | None = None) -> bool:
         names = [name] if name else list(self.services)
-        return all(self.services[n].alive() and check(self.services[n].address, timeout=1.0)
+        return all(self.services[n].alive() and check(self.services[n].address, timeout=1.0,
+                                                      credentials=self.client_credentials)
                    for n in names)
 
     def wait_healthy(self, names: Iterable[str] | None = None, timeout_s: float = 60.0) -> None:
@@ -404,5 +427,8 @@ class Mesh:
         return {"router": self.router_address if "router" in self.services else None,
                 "model": str(self.model), "data_dir": str(self.data_dir),
                 "log_dir": str(self.log_dir),
+                "tls": None if self.certs is None else {
+                    "ca": str(self.certs.ca), "cert": str(self.certs.cert("client")),
+                    "key": str(self.certs.key("client"))},
                 "services": {n: {"address": s.address, "pid": s.pid}
                              for n, s in self.services.items()}}

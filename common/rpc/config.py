@@ -13,6 +13,8 @@ Each field `some_name` becomes the flag `--some-name` and the environment variab
 types: int, float, bool, str, Path and Optional[...] of those (an empty string or "none" gives
 None). Ints accept underscores and binary/decimal size suffixes ("64MiB", "2G", "512k").
 Bools accept 1/0, true/false, yes/no, on/off; as flags, `--name` / `--no-name`.
+Field metadata: `shared_env=True` also reads `HYPIC_<NAME>` when the service's own variable is
+unset (one TLS CA or token for the whole mesh); `secret=True` is redacted by describe().
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 T = TypeVar("T")
+SHARED_ENV_PREFIX = "HYPIC_"  # fields with metadata shared_env=True also read HYPIC_<NAME>
 
 _SIZE_UNITS = {
     "": 1,
@@ -117,7 +120,9 @@ def build_parser(cls: type, *, env_prefix: str = "HYPIC_", prog: str | None = No
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
         help_text = f.metadata.get("help", "")
-        help_text = f"{help_text} [env {env_name(env_prefix, f.name)}; default {default!r}]".strip()
+        env_help = env_name(env_prefix, f.name) + (
+            f" or {env_name(SHARED_ENV_PREFIX, f.name)}" if f.metadata.get("shared_env") else "")
+        help_text = f"{help_text} [env {env_help}; default {default!r}]".strip()
         if base is bool:
             ap.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                             help=help_text)
@@ -155,6 +160,8 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None, *,
             kwargs[f.name] = given[f.name]
             continue
         name = env_name(env_prefix, f.name)
+        if name not in env and f.metadata.get("shared_env"):
+            name = env_name(SHARED_ENV_PREFIX, f.name)  # one value for the whole mesh
         if name in env:
             parse, _, _ = _parser_for(hints[f.name])
             try:
@@ -172,5 +179,7 @@ def describe(cfg: Any) -> dict[str, Any]:
     out = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
+        if f.metadata.get("secret") and v is not None:
+            v = "<redacted>"
         out[f.name] = str(v) if isinstance(v, Path) else v
     return out

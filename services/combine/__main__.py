@@ -12,6 +12,7 @@ import asyncio
 import sys
 
 from common.rpc import service
+from common.rpc.nixl_listen import restrict_nixl_to_host
 from protos.hypic.v1 import combine_pb2_grpc
 from services.combine.config import ENV_PREFIX, CombineConfig
 from services.combine.servicer import SERVICE_NAME, CombineServicer
@@ -30,6 +31,7 @@ class CombineService(service.Service):
     cfg: CombineConfig
 
     async def prepare(self) -> None:
+        self.nixl_devices = restrict_nixl_to_host(self.cfg.host)  # before the first NIXL agent
         self.engine = await asyncio.to_thread(service.load_engine, self.cfg)
         self.servicer = CombineServicer(self.cfg, self.engine)
         if self.cfg.warmup:
@@ -44,7 +46,8 @@ class CombineService(service.Service):
         return {"model_fingerprint": self.engine.fingerprint}
 
     def serving_info(self) -> dict:
-        return {"model_type": self.engine.model_type, "model_fingerprint": self.engine.fingerprint}
+        return {"model_type": self.engine.model_type, "model_fingerprint": self.engine.fingerprint,
+                "nixl_net_devices": self.nixl_devices}
 
     async def close(self) -> None:
         await self.servicer.close()

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.auth import write_token_field
+from common.rpc.tls import TlsConfig
+
 ENV_PREFIX = "HYPIC_COMBINE_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
@@ -22,7 +25,7 @@ def _h(text: str) -> dict:
 
 
 @dataclass
-class CombineConfig:
+class CombineConfig(TlsConfig):
     """A combine worker: composes entries as they arrive, recomputes seams, prefills the query and
     decodes (docs/design.md §3, §5)."""
 
@@ -71,7 +74,11 @@ class CombineConfig:
     log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
     log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    write_token: Optional[str] = write_token_field("sent with every segcache write (segcache's --write-token)")
+
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.model is None:
             raise ValueError("--model (HYPIC_COMBINE_MODEL) is required")
         self.model = Path(self.model)

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.auth import api_key_field
+from common.rpc.tls import TlsConfig
+
 ENV_PREFIX = "HYPIC_ROUTER_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
@@ -26,7 +29,7 @@ def split_addresses(text: str) -> list[str]:
 
 
 @dataclass
-class RouterConfig:
+class RouterConfig(TlsConfig):
     """The client-facing router: tokenize, look up, plan (LPT), hand the plan to combine."""
 
     # --- model ---------------------------------------------------------------------------
@@ -76,7 +79,11 @@ class RouterConfig:
     log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
     log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    api_key: Optional[str] = api_key_field()
+
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.model = Path(self.model)
         if self.port_file is not None:
             self.port_file = Path(self.port_file)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import structlog
 
+from common.rpc.tls import open_channel
 from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
 from protos.hypic.v1 import scatter_pb2 as spb
 from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
@@ -39,11 +41,11 @@ class _Combine:
 class CombinePool:
     """Picks a combine: healthy ones first, then fewest requests in flight, round-robin on ties."""
 
-    def __init__(self, addresses: list[str], options: list, cooldown_s: float):
+    def __init__(self, addresses: list[str], options: list, cooldown_s: float, *, tls: Any = None):
         self.cooldown_s = cooldown_s
         self.items = []
         for a in addresses:
-            ch = grpc.aio.insecure_channel(a, options=options)
+            ch = open_channel(a, options, tls)
             self.items.append(_Combine(a, ch, cpb_grpc.CombineStub(ch)))
         self._rr = 0
 
@@ -67,12 +69,12 @@ class ScatterPool:
     """Scatter.Load polls: external load and up/down state for the planner."""
 
     def __init__(self, addresses: list[str], options: list, planner: Planner, fingerprint: str,
-                 timeout_s: float):
+                 timeout_s: float, *, tls: Any = None):
         self.addresses = addresses
         self.planner = planner
         self.fingerprint = fingerprint
         self.timeout_s = timeout_s
-        self.channels = [grpc.aio.insecure_channel(a, options=options) for a in addresses]
+        self.channels = [open_channel(a, options, tls) for a in addresses]
         self.stubs = [spb_grpc.ScatterStub(ch) for ch in self.channels]
         self._warned: set[int] = set()
 

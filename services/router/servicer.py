@@ -25,6 +25,7 @@ from common.fingerprint import segment_key
 from common.rpc.abort import Abort
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.segcache_client import SegcacheClient
+from common.rpc.tls import open_channel
 from common.rpc.server import channel_options
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import router_pb2 as pb
@@ -95,12 +96,12 @@ class RouterServicer(pb_grpc.RouterServicer):
         options = channel_options(cfg.max_message_bytes) + BACKOFF_OPTIONS
         self.scatter_addresses = cfg.scatters
         self.planner = Planner(len(self.scatter_addresses), CostModel(cfg.cost_prior))
-        self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s)
+        self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s, tls=cfg)
         self.scatters = ScatterPool(self.scatter_addresses, options, self.planner,
-                                    model.fingerprint, cfg.load_timeout_s)
+                                    model.fingerprint, cfg.load_timeout_s, tls=cfg)
         self.segcache: SegcacheClient | None = None
         if cfg.segcache_address:
-            ch = grpc.aio.insecure_channel(cfg.segcache_address, options=options)
+            ch = open_channel(cfg.segcache_address, options, cfg)
             self.segcache = SegcacheClient(cfg.segcache_address, timeout_s=cfg.lookup_timeout_s,
                                            max_message_bytes=cfg.max_message_bytes, channel=ch)
         self.in_flight = 0

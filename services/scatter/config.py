@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.auth import write_token_field
+from common.rpc.tls import TlsConfig
+
 ENV_PREFIX = "HYPIC_SCATTER_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
@@ -21,7 +24,7 @@ def _h(text: str) -> dict:
 
 
 @dataclass
-class ScatterConfig:
+class ScatterConfig(TlsConfig):
     """A scatter worker: prefills one segment alone and builds its entry (docs/design.md §4)."""
 
     # --- model ---------------------------------------------------------------------------
@@ -51,7 +54,11 @@ class ScatterConfig:
     log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
     log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    write_token: Optional[str] = write_token_field("sent with every segcache write (segcache's --write-token)")
+
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.model is None:
             raise ValueError("--model (HYPIC_SCATTER_MODEL) is required")
         self.model = Path(self.model)

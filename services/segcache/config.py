@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.auth import write_token_field
+from common.rpc.tls import TlsConfig
+
 ENV_PREFIX = "HYPIC_SEGCACHE_"
 GiB = 1 << 30
 MiB = 1 << 20
@@ -21,7 +24,7 @@ def _h(text: str) -> dict:
 
 
 @dataclass
-class SegcacheConfig:
+class SegcacheConfig(TlsConfig):
     """The tiered segment cache (tier 0 device, tier 1 host DRAM, tier 2 LMDB)."""
 
     # --- network -------------------------------------------------------------------------
@@ -62,7 +65,14 @@ class SegcacheConfig:
     log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
     log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    write_token: Optional[str] = write_token_field(
+        "Put/Delete/Pin need this in x-hypic-write-token unless the client certificate is a writer's")
+    writer_names: str = field(default="scatter,combine", metadata=_h(
+        "client certificate common names with the writer role (comma list; mutual TLS)"))
+
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.data_dir = Path(self.data_dir)
         if self.port_file is not None:
             self.port_file = Path(self.port_file)
