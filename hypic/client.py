@@ -17,6 +17,9 @@
         async for tok in client.generate(segments=[...], query="...", stream=True):
             ...
 
+A secured router (docs/security.md): Client(address, tls_ca="ca.pem", tls_cert=..., tls_key=...,
+api_key=...) or Client(address, credentials=hypic.Credentials(...)).
+
 Segments and the query are text (tokenized by the router) or token-id lists. gRPC errors are
 raised as the typed exceptions of hypic.errors (InvalidArgument, ResourceExhausted,
 Unavailable, DeadlineExceeded, ...). With stream=True they are raised while iterating.

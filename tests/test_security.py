@@ -299,3 +299,20 @@ def test_tls_and_secrets_come_from_shared_env_and_are_redacted(tmp_path, model):
     assert describe(r)["api_key"] == "<redacted>" and r.api_key == "k3y"
     with pytest.raises(ValueError):
         load_config(SegcacheConfig, ["--tls-cert", "/a.pem"], env={}, env_prefix=SEGCACHE_ENV)
+
+
+def test_segcache_rpcs_are_writes_unless_listed_as_reads():
+    from protos.hypic.v1 import segcache_pb2
+    from services.segcache.access import READ_METHODS, SERVICE, writer_role_interceptor
+
+    guard = writer_role_interceptor(SimpleNamespace(writer_names="scatter, combine", write_token=None,
+                                                    mutual_tls=True))
+    assert not guard.open and guard.writer_names == {"scatter", "combine"}
+    methods = segcache_pb2.DESCRIPTOR.services_by_name["Segcache"].methods_by_name
+    assert READ_METHODS <= set(methods), "a listed read is not an RPC"
+    for m in ("Put", "Delete", "Pin"):
+        assert guard.is_write(f"/{SERVICE}/{m}")
+    for m in READ_METHODS:
+        assert not guard.is_write(f"/{SERVICE}/{m}")
+    assert guard.is_write(f"/{SERVICE}/SomeRpcAddedLater")  # default deny
+    assert not guard.is_write("/grpc.health.v1.Health/Check")
