@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from hypic.client import Credentials
 from hypic.healthcheck import check, http_check
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +65,7 @@ class Service:
     proc: subprocess.Popen | None = None
     info: dict = field(default_factory=dict)
     restarts: int = 0
+    credentials: Credentials | None = None  # how the launcher's health probes connect (TLS)
 
     @property
     def address(self) -> str:
@@ -140,7 +142,7 @@ class Service:
         """The health probe: grpc.health.v1 SERVING, or for the HTTP front GET /health 200."""
         if self.kind == "front":
             return http_check(self.address, timeout)
-        return check(self.address, timeout=timeout)
+        return check(self.address, timeout=timeout, credentials=self.credentials)
 
     def signal(self, sig: int) -> None:
         if self.alive():
@@ -192,7 +194,8 @@ class Mesh:
                  extra_args: Mapping[str, Sequence[str]] | None = None,
                  log_dir: str | os.PathLike[str] | None = None, start_timeout_s: float = 180.0,
                  grace_s: float = 10.0, python: str = sys.executable,
-                 die_with_parent: bool = True, front: bool = False, front_port: int = 0):
+                 die_with_parent: bool = True, front: bool = False, front_port: int = 0,
+                 tls: bool = False):
         """model: checkpoint directory (default: the bundled models/hypic-tiny-qwen35).
         n_scatter / n_combine: worker counts (n_scatter 0: misses are built on combine).
         segcache=False: no cache service. external_combine: combine addresses the router uses
@@ -200,7 +203,9 @@ class Mesh:
         gpus: CUDA device ids, one per scatter worker and then one per combine (round-robin).
         threads: torch threads per model process (scatter/combine --threads).
         front: also start the OpenAI-compatible HTTP front (services.front) on front_port.
-        extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}."""
+        extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}.
+        tls: mutual TLS everywhere, with a throwaway CA made in data_dir/tls (hypic/certs.py);
+        `client_credentials` is then what an SDK client needs (the "client" certificate)."""
         # Absolute paths: the children may run elsewhere than the caller's working directory.
         self.model = (Path(model) if model is not None else DEFAULT_MODEL).absolute()
         self.data_dir = Path(data_dir).absolute()
@@ -221,6 +226,8 @@ class Mesh:
         self.python = python
         self.die_with_parent = die_with_parent
         self.use_segcache = segcache
+        self.tls = tls
+        self.certs: Any = None  # hypic.certs.MeshCerts once started with tls
         self.external_combine = list(external_combine)
         self.use_front = front
         if self.n_scatter < 0 or self.n_combine < 0:
@@ -308,9 +315,21 @@ class Mesh:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         args = args + self.extra_args.get(kind, []) + (
             self.extra_args.get(name, []) if name != kind else [])
+        if self.certs is not None:
+            args = self.certs.flags(kind) + args
         return Service(name=name, kind=kind, args=args, run_dir=self.run_dir,
                        log_dir=self.log_dir, host=self.host, port=self._ports[name], env=env,
-                       python=self.python, die_with_parent=self.die_with_parent)
+                       python=self.python, die_with_parent=self.die_with_parent,
+                       credentials=self.client_credentials)
+
+    @property
+    def client_credentials(self) -> Credentials | None:
+        """The SDK's credentials for this mesh (None without tls):
+        hypic.Client(address, credentials=mesh.client_credentials)."""
+        if self.certs is None:
+            return None
+        return Credentials(tls_ca=self.certs.ca, tls_cert=self.certs.cert("client"),
+                           tls_key=self.certs.key("client"))
 
     def _gpu(self, i: int) -> str | None:
         return self.gpus[i % len(self.gpus)] if self.gpus else None
@@ -322,6 +341,10 @@ class Mesh:
         if not (self.model / "config.json").exists():
             raise MeshError(f"no model at {self.model} (config.json missing); pass another model")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.tls and self.certs is None:
+            from hypic.certs import generate_mesh_certs  # cryptography: only when asked for
+
+            self.certs = generate_mesh_certs(self.data_dir / "tls")
         self._started = True
         atexit.register(self.stop)
         try:
@@ -433,5 +456,8 @@ class Mesh:
                 "front": self.front_url if "front" in self.services else None,
                 "model": str(self.model), "data_dir": str(self.data_dir),
                 "log_dir": str(self.log_dir),
+                "tls": None if self.certs is None else {
+                    "ca": str(self.certs.ca), "cert": str(self.certs.cert("client")),
+                    "key": str(self.certs.key("client"))},
                 "services": {n: {"address": s.address, "pid": s.pid}
                              for n, s in self.services.items()}}

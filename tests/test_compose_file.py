@@ -5,6 +5,7 @@ declared, GPUs are not shared, healthchecks call hypic.healthcheck on the servic
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -72,7 +73,10 @@ def test_flags_and_env_vars_are_config_fields(compose, configs) -> None:
         for arg in svc["command"][3:]:
             if arg.startswith("--"):
                 assert arg in flags, f"{name}: {arg} is not a {cls.__name__} flag"
+        shared = {f"HYPIC_{f.name.upper()}" for f in dataclasses.fields(cls) if f.metadata.get("shared_env")}
         for var in svc.get("environment") or {}:
+            if var in shared:  # HYPIC_TLS_*: one name for the service and its healthcheck probe
+                continue
             assert var.startswith(prefix), f"{name}: {var} lacks the {prefix} prefix"
             assert var[len(prefix):].lower() in fields, f"{name}: {var} is not a {cls.__name__} field"
         assert configs[name][1].host == "0.0.0.0", f"{name} must listen beyond its container"
@@ -169,3 +173,26 @@ def test_volumes_gpus_and_image(compose, configs) -> None:
     assert "nvidia/cuda" in text and "ARG HYPIC_EXTRAS=gpu" in text
     assert "claim-gpu" in text
     assert "requirements/base.txt" in text
+
+
+def test_mutual_tls_and_keys_come_from_declared_secrets(compose, configs) -> None:
+    """Every service serves mutual TLS from /run/secrets (files under ./secrets, never in the
+    image); segcache demands client certificates (the writer role is a certificate name), the
+    router an API key read from a secret."""
+    declared = compose.get("secrets") or {}
+    for src in declared.values():
+        assert src["file"].startswith("./secrets/"), src
+    for name, (kind, cfg) in configs.items():
+        mounted = {f"/run/secrets/{m['target']}": m["source"] for m in compose["services"][name]["secrets"]}
+        for m in mounted.values():
+            assert m in declared, f"{name}: secret {m} is not declared"
+        for path in (cfg.tls_cert, cfg.tls_key, cfg.tls_ca):
+            assert str(path) in mounted, f"{name}: {path} is not a mounted secret"
+        assert "key" in mounted[str(cfg.tls_key)] and "cert" in mounted[str(cfg.tls_cert)]
+        if kind == "segcache":
+            assert cfg.mutual_tls and set(cfg.writer_names.split(",")) == {"scatter", "combine"}
+        if kind in ("scatter", "combine"):
+            assert mounted[str(cfg.tls_cert)] == f"{kind}-cert", f"{name}: not the {kind} identity"
+        if kind == "router":
+            assert cfg.api_key and cfg.api_key.startswith("@")
+            assert cfg.api_key[1:] in mounted

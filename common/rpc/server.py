@@ -136,9 +136,11 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
 def build_server(service: str, *, host: str = DEFAULT_HOST, port: int = 0,
                  max_message_bytes: int = 4 << 20,
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 options: Sequence[tuple[str, Any]] = ()) -> tuple[grpc.aio.Server, int, Any]:
+                 options: Sequence[tuple[str, Any]] = (),
+                 credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.aio.Server, int, Any]:
     """A grpc.aio server bound to host:port (port 0: ephemeral), with grpc.health.v1 registered
-    (every service NOT_SERVING until mark_serving). Returns (server, bound_port, health)."""
+    (every service NOT_SERVING until mark_serving), TLS when `credentials` are given (then
+    there is no plaintext port). Returns (server, bound_port, health)."""
     opts = channel_options(max_message_bytes) + [
         # A second process must not silently share the port (grpc enables SO_REUSEPORT).
         ("grpc.so_reuseport", 0),
@@ -147,7 +149,9 @@ def build_server(service: str, *, host: str = DEFAULT_HOST, port: int = 0,
                              options=opts)
     health = grpc_health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    bound = server.add_insecure_port(format_address(host, port))
+    address = format_address(host, port)
+    bound = (server.add_secure_port(address, credentials) if credentials is not None
+             else server.add_insecure_port(address))
     if not bound:
         raise OSError(f"could not bind {format_address(host, port)}")
     return server, bound, health

@@ -4,7 +4,7 @@ A service describes its parts as a `Service` subclass (what to load, what to reg
 report, what to close); `main` and `serve` run them in the same order for all four services:
 
     main(RouterService, RouterConfig, ENV_PREFIX, argv)   # exit 2 on a bad config
-      serve(): log "starting" -> prepare() -> build_server -> register() -> server.start()
+      serve(): log "starting" -> credentials, interceptors -> prepare() -> build_server -> register() -> server.start()
                -> started() -> SERVING -> metrics endpoint -> port file -> log "serving"
                -> wait for SIGTERM/SIGINT -> stopping() -> shutdown(server) -> close() -> "stopped"
 
@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Sequence
 
 import grpc
 
+from common.rpc import tls
+from common.rpc.auth import check_secrets
 from common.rpc.config import ConfigError, describe, load_config
 from common.rpc.log import setup_logging
 from common.rpc.metrics import start_metrics_server
@@ -41,6 +43,10 @@ class Service:
 
     async def prepare(self) -> None:
         """Before the server exists: load the model / open the store, warm up."""
+
+    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        """Server interceptors beyond observability: who may call what (common/rpc/auth.py)."""
+        return []
 
     def register(self, server: grpc.aio.Server, port: int) -> None:
         """Add the servicer to `server` (bound to `port`)."""
@@ -69,12 +75,21 @@ async def serve(service: Service) -> int:
     cfg = service.cfg
     log = service.log = setup_logging(service.name, cfg.log_level, json=cfg.log_json)
     log.info("starting", config=describe(cfg))
+    try:  # before prepare(): a bad certificate fails in a second, not after loading a model
+        credentials = tls.server_credentials(cfg)
+        tls.channel_credentials(cfg)  # the client side toward peers reads the same files
+        check_secrets(cfg)
+        interceptors = service.interceptors()
+    except (OSError, ValueError) as e:  # a certificate, key or secret file that cannot be read
+        log.error("cannot load credentials", error=str(e))
+        return 1
     try:
         await service.prepare()
     except StartupFailed:
         return 1
     server, port, health = build_server(service.name, host=cfg.host, port=cfg.port,
-                                        max_message_bytes=cfg.max_message_bytes)
+                                        max_message_bytes=cfg.max_message_bytes,
+                                        interceptors=interceptors, credentials=credentials)
     service.register(server, port)
     await server.start()
     await service.started()
@@ -82,7 +97,8 @@ async def serve(service: Service) -> int:
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.metrics_host)
     write_port_file(cfg.port_file, port=port, metrics_port=metrics_port, pid=os.getpid(),
                     **service.port_info())
-    log.info("serving", host=cfg.host, port=port, metrics_port=metrics_port, **service.serving_info())
+    log.info("serving", host=cfg.host, port=port, metrics_port=metrics_port,
+             tls=tls.server_credentials_kind(cfg), **service.serving_info())
     sig = await wait_for_shutdown_signal()
     log.info("shutting down", signal=sig)
     await service.stopping()

@@ -12,6 +12,7 @@ import asyncio
 
 from common.engine import HybridEngine
 from common.rpc import service
+from common.rpc.nixl_listen import restrict_nixl_to_host
 from protos.hypic.v1 import combine_pb2_grpc
 from services.combine.config import ENV_PREFIX, CombineConfig
 from services.combine.servicer import SERVICE_NAME, CombineServicer
@@ -31,6 +32,7 @@ class CombineService(service.Service):
     engine: HybridEngine  # loaded by prepare()
 
     async def prepare(self) -> None:
+        self.nixl_devices = restrict_nixl_to_host(self.cfg.host)  # before the first NIXL agent
         self.engine = await asyncio.to_thread(service.load_engine, self.cfg)
         self.servicer = CombineServicer(self.cfg, self.engine)
         if self.cfg.warmup:
@@ -45,7 +47,8 @@ class CombineService(service.Service):
         return {"model_fingerprint": self.engine.fingerprint}
 
     def serving_info(self) -> dict:
-        return {"model_type": self.engine.model_type, "model_fingerprint": self.engine.fingerprint}
+        return {"model_type": self.engine.model_type, "model_fingerprint": self.engine.fingerprint,
+                "nixl_net_devices": self.nixl_devices}
 
     async def close(self) -> None:
         await self.servicer.close()

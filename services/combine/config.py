@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from common.rpc.config import ServiceConfig
+from common.rpc.auth import write_token_field
 
 ENV_PREFIX = "HYPIC_COMBINE_"
 MiB = 1 << 20
@@ -67,6 +68,9 @@ class CombineConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
         "for them (no lease round trips, no registration)"))
     store_local_builds: bool = field(default=True, metadata=_h(
         "Put segments this worker built itself into segcache when the plan says store_entries"))
+
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    write_token: Optional[str] = write_token_field("sent with every segcache write (segcache's --write-token)")
 
     def __post_init__(self) -> None:
         self.check_server()

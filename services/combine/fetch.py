@@ -25,10 +25,12 @@ import structlog
 
 from common.engine import HybridEngine
 from common.pic.entry import EntryMismatch, SegmentEntry
+from common.rpc.auth import read_secret
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlUnavailable
 from common.rpc.segcache_client import ChecksumError, SegcacheClient
 from common.rpc.server import channel_options
+from common.rpc.tls import open_channel
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import scatter_pb2 as spb
 from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
@@ -117,20 +119,21 @@ class Peers:
             ("grpc.min_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
+        self._write_token = read_secret(cfg.write_token)  # sent with our segcache Puts
         self._scatter: dict[str, tuple[grpc.aio.Channel, spb_grpc.ScatterStub]] = {}
         self._segcache: dict[str, tuple[grpc.aio.Channel, SegcacheClient]] = {}
         self._nixl: dict[str, asyncio.Future] = {}  # address -> NIXL probe (-> bool)
 
     def scatter(self, addr: str) -> tuple[grpc.aio.Channel, spb_grpc.ScatterStub]:
         if addr not in self._scatter:
-            ch = grpc.aio.insecure_channel(addr, options=self._opts)
+            ch = open_channel(addr, self._opts, self.cfg)
             self._scatter[addr] = (ch, spb_grpc.ScatterStub(ch))
         return self._scatter[addr]
 
     def segcache(self, addr: str) -> tuple[grpc.aio.Channel, SegcacheClient]:
         if addr not in self._segcache:
-            ch = grpc.aio.insecure_channel(addr, options=self._opts)
-            self._segcache[addr] = (ch, SegcacheClient(addr, channel=ch,
+            ch = open_channel(addr, self._opts, self.cfg)
+            self._segcache[addr] = (ch, SegcacheClient(addr, channel=ch, write_token=self._write_token,
                                                        max_message_bytes=self.cfg.max_message_bytes,
                                                        timeout_s=self.cfg.segcache_timeout_s))
             if self.cfg.nixl:

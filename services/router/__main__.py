@@ -12,6 +12,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from common.rpc import service
+from common.rpc.auth import ApiKeyInterceptor, read_secret
 from protos.hypic.v1 import router_pb2_grpc
 from services.router.config import ENV_PREFIX, RouterConfig
 from services.router.model import ModelError, ModelInfo
@@ -34,6 +35,10 @@ class RouterService(service.Service):
             raise service.StartupFailed from e
         self.log.info("model", model_type=self.model.model_type, vocab_size=self.model.vocab_size,
                       fingerprint=self.model.fingerprint, tokenizer=self.model.tokenizer is not None)
+
+    def interceptors(self) -> list:
+        key = read_secret(self.cfg.api_key)
+        return [ApiKeyInterceptor(key)] if key else []
 
     def register(self, server, port: int) -> None:
         self.servicer = RouterServicer(self.cfg, self.model, self.executor)

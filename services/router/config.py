@@ -16,6 +16,7 @@ from typing import Optional
 
 from common.rpc.config import ServiceConfig
 from common.rpc.discovery import Target, parse_target
+from common.rpc.auth import api_key_field
 
 ENV_PREFIX = "HYPIC_ROUTER_"
 MiB = 1 << 20
@@ -75,6 +76,9 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     cost_b_s: float = field(default=2e-4, metadata=_h("prior cost per token (s)"))
     cost_c_s: float = field(default=2e-9, metadata=_h("prior cost per token² (s)"))
     tokenizer_threads: int = field(default=2, metadata=_h("threads for tokenizing"))
+
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    api_key: Optional[str] = api_key_field()
 
     def __post_init__(self) -> None:
         self.check_server()

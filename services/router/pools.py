@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import structlog
 
+from common.rpc.tls import open_channel
 from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
 from protos.hypic.v1 import scatter_pb2 as spb
 from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
@@ -40,8 +42,9 @@ class CombinePool:
     """Picks a combine: healthy ones first, then fewest requests in flight, round-robin on ties.
     The member list follows discovery (apply); a member that leaves is closed once idle."""
 
-    def __init__(self, addresses: list[str], options: list, cooldown_s: float):
+    def __init__(self, addresses: list[str], options: list, cooldown_s: float, *, tls: Any = None):
         self.cooldown_s = cooldown_s
+        self.tls = tls  # a config with the TLS fields (common.rpc.tls), or None: plaintext
         self.options = options
         self.items: list[_Combine] = []
         self._leaving: list[_Combine] = []
@@ -59,7 +62,7 @@ class CombinePool:
         for a in dict.fromkeys(addresses):
             c = have.pop(a, None)
             if c is None:
-                ch = grpc.aio.insecure_channel(a, options=self.options)
+                ch = open_channel(a, self.options, self.tls)
                 c = _Combine(a, ch, cpb_grpc.CombineStub(ch))
             items.append(c)
         self.items = items
@@ -102,7 +105,8 @@ class ScatterPool:
     a new one."""
 
     def __init__(self, addresses: list[str], options: list, planner: Planner, fingerprint: str,
-                 timeout_s: float):
+                 timeout_s: float, *, tls: Any = None):
+        self.tls = tls
         self.addresses: list[str] = []
         self.planner = planner
         self.fingerprint = fingerprint
@@ -135,7 +139,7 @@ class ScatterPool:
                 continue
             w = self._slot_for(a)
             self.planner.set_absent(w, False)
-            ch = grpc.aio.insecure_channel(a, options=self.options)
+            ch = open_channel(a, self.options, self.tls)
             self.channels[w] = ch
             self.stubs[w] = spb_grpc.ScatterStub(ch)
             present.add(a)

@@ -26,6 +26,7 @@ from common.rpc.abort import Abort
 from common.rpc.discovery import MemberSet
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.segcache_client import SegcacheClient
+from common.rpc.tls import open_channel
 from common.rpc.server import channel_options
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import router_pb2 as pb
@@ -102,9 +103,9 @@ class RouterServicer(pb_grpc.RouterServicer):
         options = channel_options(cfg.max_message_bytes) + BACKOFF_OPTIONS
         self.planner = Planner(0, CostModel(cfg.cost_prior))
         # Static lists are members from the start; dns:/// targets fill in at start_background.
-        self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s)
+        self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s, tls=cfg)
         self.scatters = ScatterPool(cfg.scatters, options, self.planner,
-                                    model.fingerprint, cfg.load_timeout_s)
+                                    model.fingerprint, cfg.load_timeout_s, tls=cfg)
         self.discovery = [
             MemberSet(cfg.scatter_target, refresh_s=cfg.discovery_refresh_s,
                       listener=self.scatters.apply, what="scatter"),
@@ -112,7 +113,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                       listener=self.combines.apply, what="combine")]
         self.segcache: SegcacheClient | None = None
         if cfg.segcache_address:
-            ch = grpc.aio.insecure_channel(cfg.segcache_address, options=options)
+            ch = open_channel(cfg.segcache_address, options, cfg)
             self.segcache = SegcacheClient(cfg.segcache_address, timeout_s=cfg.lookup_timeout_s,
                                            max_message_bytes=cfg.max_message_bytes, channel=ch)
         self.in_flight = 0

@@ -14,7 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from common.engine import HybridEngine
 from common.rpc import service
+from common.rpc.auth import read_secret
 from common.rpc.segcache_client import SegcacheClient
+from common.rpc.server import channel_options
+from common.rpc.tls import open_channel
 from common.rpc.server import format_address
 from protos.hypic.v1 import scatter_pb2_grpc
 from services.scatter.config import ENV_PREFIX, ScatterConfig
@@ -42,7 +45,10 @@ class ScatterService(service.Service):
         host = socket.gethostname() if cfg.host in ("0.0.0.0", "::", "") else cfg.host
         self.worker = cfg.worker or f"scatter@{format_address(host, port)}"
         self.segcache = (SegcacheClient(cfg.segcache_address, max_message_bytes=cfg.max_message_bytes,
-                                        timeout_s=cfg.segcache_timeout_s)
+                                        timeout_s=cfg.segcache_timeout_s,
+                                        channel=open_channel(cfg.segcache_address,
+                                                             channel_options(cfg.max_message_bytes), cfg),
+                                        write_token=read_secret(cfg.write_token))
                          if cfg.segcache_address else None)
         scatter_pb2_grpc.add_ScatterServicer_to_server(
             ScatterServicer(cfg, self.engine, self.executor, self.segcache, self.worker), server)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from common.rpc.config import ServiceConfig
+from common.rpc.auth import write_token_field
 
 ENV_PREFIX = "HYPIC_SCATTER_"
 MiB = 1 << 20
@@ -47,6 +48,9 @@ class ScatterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
     segcache_address: Optional[str] = field(default=None, metadata=_h(
         "segcache host:port where built entries are stored (store=true); empty = never store"))
     segcache_timeout_s: float = field(default=30.0, metadata=_h("timeout of one segcache Put"))
+
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    write_token: Optional[str] = write_token_field("sent with every segcache write (segcache's --write-token)")
 
     def __post_init__(self) -> None:
         self.check_server()

@@ -13,7 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client import REGISTRY
 
 from common.rpc import service
+from common.rpc.nixl_listen import restrict_nixl_to_host
 from protos.hypic.v1 import segcache_pb2_grpc
+from services.segcache.access import writer_role_interceptor
 from services.segcache.config import ENV_PREFIX, SegcacheConfig
 from services.segcache.metrics import StoreCollector
 from services.segcache.nixl_agent import LeaseManager
@@ -28,11 +30,19 @@ class SegcacheService(service.Service):
 
     async def prepare(self) -> None:
         cfg = self.cfg
+        self.nixl_devices = restrict_nixl_to_host(cfg.host)  # before the first NIXL agent
         self.executor = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="segcache-io")
         self.store = SegmentStore(cfg)
         self.leases = LeaseManager(self.store, enabled=cfg.nixl, backend=cfg.nixl_backend,
                                    ttl_s=cfg.lease_ttl_s)
         REGISTRY.register(StoreCollector(self.store, lambda: self.leases.active))
+
+    def interceptors(self) -> list:
+        guard = writer_role_interceptor(self.cfg)
+        if guard.open:
+            self.log.warning("segcache writes are open to every caller: set --tls-cert/--tls-key/"
+                             "--tls-ca (mutual TLS) or --write-token (docs/security.md)")
+        return [guard]
 
     def register(self, server, port: int) -> None:
         segcache_pb2_grpc.add_SegcacheServicer_to_server(
@@ -52,7 +62,8 @@ class SegcacheService(service.Service):
         return {"nixl": self.leases.available}
 
     def serving_info(self) -> dict:
-        return {"nixl": self.leases.available, "nixl_reason": self.leases.reason or None}
+        return {"nixl": self.leases.available, "nixl_reason": self.leases.reason or None,
+                "nixl_net_devices": self.nixl_devices}
 
     async def stopping(self) -> None:
         self.reaper.cancel()

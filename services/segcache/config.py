@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from common.rpc.config import ServiceConfig
+from common.rpc.auth import write_token_field
 
 ENV_PREFIX = "HYPIC_SEGCACHE_"
 GiB = 1 << 30
@@ -58,6 +59,12 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
     nixl: bool = field(default=True, metadata=_h("offer the NIXL path when nixl imports"))
     nixl_backend: str = field(default="UCX", metadata=_h("NIXL backend"))
     lease_ttl_s: float = field(default=30.0, metadata=_h("a NIXL lease ends by itself after this"))
+
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    write_token: Optional[str] = write_token_field(
+        "Put/Delete/Pin need this in x-hypic-write-token unless the client certificate is a writer's")
+    writer_names: str = field(default="scatter,combine", metadata=_h(
+        "client certificate common names with the writer role (comma list; mutual TLS)"))
 
     def __post_init__(self) -> None:
         self.check_server()
