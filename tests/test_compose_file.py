@@ -186,6 +186,9 @@ def test_mutual_tls_and_keys_come_from_declared_secrets(compose, configs) -> Non
         mounted = {f"/run/secrets/{m['target']}": m["source"] for m in compose["services"][name]["secrets"]}
         for m in mounted.values():
             assert m in declared, f"{name}: secret {m} is not declared"
+        if kind == "front":  # HTTP; a client of the router: its CA and API key from secrets
+            assert str(cfg.router_tls_ca) in mounted and cfg.router_api_key[1:] in mounted
+            continue
         for path in (cfg.tls_cert, cfg.tls_key, cfg.tls_ca):
             assert str(path) in mounted, f"{name}: {path} is not a mounted secret"
         assert "key" in mounted[str(cfg.tls_key)] and "cert" in mounted[str(cfg.tls_cert)]

@@ -31,6 +31,7 @@ from services.front.config import FrontConfig
 from services.front.errors import ApiError, bad_request
 from services.front.generation import Generation
 from services.front.params import check_supported, sampling, wants_usage_in_stream
+from common.rpc.auth import read_secret
 from services.front.routers import RouterPool
 from services.front.segments import ChatTemplate, Prompt, chat_prompt, completion_prompt
 
@@ -59,7 +60,8 @@ class Front:
     def __init__(self, cfg: FrontConfig, template: ChatTemplate):
         self.cfg = cfg
         self.template = template
-        self.pool = RouterPool(cfg.routers, cfg.request_timeout_s)
+        self.pool = RouterPool(cfg.routers, cfg.request_timeout_s, cfg.router_tls_ca,
+                               read_secret(cfg.router_api_key))
         self.eos_ids = template.eos_ids()
         self.in_flight = 0
 

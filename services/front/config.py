@@ -40,6 +40,10 @@ class FrontConfig:
         "router host:port list, comma-separated"))
     api_key: str = field(default="", metadata=_h(
         "when set, every /v1 request needs 'Authorization: Bearer <key>' (else 401)"))
+    router_tls_ca: Optional[Path] = field(default=None, metadata=_h(
+        "PEM CA that signed the routers' certificate: reach them over TLS (else plaintext)"))
+    router_api_key: str = field(default="", metadata=_h(
+        "bearer token the routers require (their --api-key; '@FILE' reads it from a file)"))
     # --- request handling ----------------------------------------------------------------
     segment_separator: str = field(default=" # # ", metadata=_h(
         "LMCache-style separator: a completions prompt is split on it into segments, the last "

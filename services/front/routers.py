@@ -10,15 +10,18 @@ from hypic import errors
 
 
 class RouterPool:
-    def __init__(self, addresses: list[str], timeout_s: float):
+    def __init__(self, addresses: list[str], timeout_s: float, tls_ca=None, api_key: str = ""):
         self.addresses = addresses
         self.timeout_s = timeout_s
+        # the front is the routers' client: TLS and the API key as any SDK user passes them
+        self.credentials = hypic.Credentials(tls=tls_ca is not None, tls_ca=tls_ca, api_key=api_key or None)
         self.clients: list[hypic.AsyncClient] = []
         self._next = 0
 
     def start(self) -> None:
         """Create the channels (inside the running event loop)."""
-        self.clients = [hypic.AsyncClient(a, timeout=self.timeout_s) for a in self.addresses]
+        self.clients = [hypic.AsyncClient(a, timeout=self.timeout_s, credentials=self.credentials)
+                        for a in self.addresses]
 
     async def close(self) -> None:
         for c in self.clients:
