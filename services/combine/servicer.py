@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,8 +27,9 @@ from common.engine import HybridEngine, pick_token  # the sampler engine.generat
 from common.pic import compose_segment, prefill_layer_major, prefill_segments
 from common.pic.entry import dtype_name
 from common.rpc.abort import Abort
-from common.rpc.checks import check_model, expected_key
-from common.rpc.log import new_request_id
+from common.rpc.checks import check_model, check_seam, check_temperature, expected_key
+from common.rpc.guard import internal_details
+from common.rpc.log import new_request_id, sanitize_request_id
 from protos.hypic.v1 import combine_pb2 as pb
 from protos.hypic.v1 import combine_pb2_grpc as pb_grpc
 from protos.hypic.v1 import router_pb2 as rpb
@@ -156,8 +156,8 @@ class CombineServicer(pb_grpc.CombineServicer):
             raise Abort.invalid("max_tokens must be > 0")
         if plan.max_tokens > self.cfg.max_new_tokens:
             raise Abort.invalid(f"max_tokens {plan.max_tokens} > {self.cfg.max_new_tokens}")
-        if not (math.isfinite(plan.temperature) and plan.temperature >= 0):
-            raise Abort.invalid("temperature must be a finite number >= 0")
+        check_temperature(plan.temperature)
+        check_seam(plan.seam)
         total = sum(len(s.token_ids) for s in plan.segments) + len(plan.query)
         if total > self.cfg.max_prompt_tokens:
             raise Abort.invalid(f"prompt of {total} tokens; at most {self.cfg.max_prompt_tokens}")
@@ -201,7 +201,7 @@ class CombineServicer(pb_grpc.CombineServicer):
     async def Execute(self, plan: pb.Plan, context):
         """Run a plan (docs/combine.md): its events, or a status. The stages are in _run."""
         t_start = time.perf_counter()
-        rid = plan.request_id or structlog.contextvars.get_contextvars().get("request_id") or new_request_id()
+        rid = sanitize_request_id(plan.request_id) or structlog.contextvars.get_contextvars().get("request_id") or new_request_id()
         structlog.contextvars.bind_contextvars(request_id=rid)
         try:
             ex = self._start(plan, rid, t_start, context)
@@ -229,8 +229,8 @@ class CombineServicer(pb_grpc.CombineServicer):
         except Abort as e:
             await e.send(context)
         except Exception as e:  # a bug or a model error: say so, keep serving
-            log.exception("execute failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+            log.exception("execute failed", error=f"{type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INTERNAL, internal_details())
         finally:
             for t in [*ex.tasks, *ex.ctx.background]:
                 if not t.done():

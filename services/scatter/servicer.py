@@ -21,7 +21,9 @@ import structlog
 from common.engine import HybridEngine
 from common.pic.entry import dtype_name
 from common.rpc.abort import Abort
-from common.rpc.checks import check_model, expected_key
+from common.rpc.checks import check_model, expected_key, stream_chunk
+from common.rpc.guard import internal_details
+from common.rpc.log import sanitize_request_id
 from common.rpc.segcache_client import SegcacheClient, checksum
 from protos.hypic.v1 import scatter_pb2 as pb
 from protos.hypic.v1 import scatter_pb2_grpc as pb_grpc
@@ -108,8 +110,7 @@ class ScatterServicer(pb_grpc.ScatterServicer):
         except Exception as e:
             m.BUILDS.labels("error").inc()
             log.exception("build failed", key=fl.key, tokens=len(fl.token_ids))
-            fl.result.set_exception(Abort(grpc.StatusCode.INTERNAL,
-                                          f"build failed: {type(e).__name__}: {e}"))
+            fl.result.set_exception(Abort(grpc.StatusCode.INTERNAL, "build failed: " + internal_details()))
             return
         self._done_building(fl)
         m.BUILDS.labels("ok").inc()
@@ -186,7 +187,7 @@ class ScatterServicer(pb_grpc.ScatterServicer):
             ids = self._validate(request)
         except Abort as e:
             await e.send(context)
-        rid = request.request_id or (structlog.contextvars.get_contextvars().get("request_id") or "")
+        rid = sanitize_request_id(request.request_id) or (structlog.contextvars.get_contextvars().get("request_id") or "")
         fl, shared = self._join(request.key, ids, int(request.seam), rid, request.store)
         fl.waiters += 1
         try:
@@ -194,8 +195,7 @@ class ScatterServicer(pb_grpc.ScatterServicer):
                 built: Built = await asyncio.shield(fl.result)
             except Abort as e:
                 await e.send(context)
-            limit = self.cfg.max_message_bytes - 4096
-            chunk = max(1, min(request.chunk_bytes or self.cfg.chunk_bytes, limit))
+            chunk = stream_chunk(request.chunk_bytes, self.cfg.chunk_bytes, self.cfg.max_message_bytes)
             data = memoryview(built.data)
             header = pb.BuildHeader(key=fl.key, size=len(data), build_s=built.build_s,
                                     shared=shared, worker=self.worker, checksum=built.checksum)

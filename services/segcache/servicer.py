@@ -13,6 +13,8 @@ import numpy as np
 import structlog
 
 from common.rpc.abort import Abort
+from common.rpc.checks import stream_chunk
+from common.rpc.guard import internal_details
 from common.rpc.nixl_util import NixlUnavailable
 from protos.hypic.v1 import segcache_pb2 as pb
 from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
@@ -71,8 +73,8 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
     async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         if isinstance(exc, Abort):
             await exc.send(context)
-        log.exception("internal error", error=str(exc))
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        log.exception("internal error", error=f"{type(exc).__name__}: {exc}")
+        await context.abort(grpc.StatusCode.INTERNAL, internal_details())
 
     # ---- RPCs -------------------------------------------------------------------------------
     async def Lookup(self, request: pb.LookupRequest, context) -> pb.LookupResponse:
@@ -137,8 +139,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         except Exception as e:
             await self._fail(context, e)
         info, arr = got
-        limit = self.cfg.max_message_bytes - 4096
-        chunk = min(request.chunk_bytes or self.cfg.chunk_bytes, limit)
+        chunk = stream_chunk(request.chunk_bytes, self.cfg.chunk_bytes, self.cfg.max_message_bytes)
         first = True
         for off in range(0, info.size, chunk):
             data = arr[off:off + chunk].tobytes()
