@@ -65,6 +65,10 @@ class CombineConfig:
         "for them (no lease round trips, no registration)"))
     store_local_builds: bool = field(default=True, metadata=_h(
         "Put segments this worker built itself into segcache when the plan says store_entries"))
+    entry_key_file: Optional[Path] = field(default=None, metadata=_h(
+        "file holding the mesh's entry secret (the same for segcache, scatter and combine): entries "
+        "are sealed with it and refused unless they open under it (common/pic/seal.py); none = an "
+        "unkeyed seal, which binds an entry's header to its tensors but does not stop forgery"))
     # --- observability -------------------------------------------------------------------
     metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
     metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))

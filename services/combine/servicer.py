@@ -26,6 +26,7 @@ from common import modes
 from common.engine import HybridEngine, pick_token  # the sampler engine.generate uses
 from common.pic import compose_segment, prefill_layer_major, prefill_segments
 from common.pic.entry import dtype_name
+from common.pic.seal import load_secret
 from common.rpc.abort import Abort
 from common.rpc.checks import check_model, check_seam, check_temperature, expected_key
 from common.rpc.guard import internal_details
@@ -110,6 +111,7 @@ class CombineServicer(pb_grpc.CombineServicer):
         self.cfg = cfg
         self.engine = engine
         self.dtype = dtype_name(engine.dtype)
+        self.secret = load_secret(cfg.entry_key_file)
         self.eos = eos_token_ids(engine, cfg.model)  # type: ignore[arg-type]
         self.peers = Peers(cfg)
         self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="combine-engine")
@@ -186,7 +188,8 @@ class CombineServicer(pb_grpc.CombineServicer):
             scatter_addresses=list(plan.scatter_addresses),
             segcache_address=plan.segcache_address or self.cfg.segcache_address,
             store=plan.store_entries,
-            segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == pb.SOURCE_SEGCACHE])
+            segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == pb.SOURCE_SEGCACHE],
+            secret=self.secret)
         timings = rpb.Timings(segments=len(segs), prompt_tokens=sum(len(s) for s in segs) + len(query))
         order, lead = self._compose_order(mode, plan)
         return _Execution(plan=plan, mode=mode, segs=segs, keys=keys, query=query, ctx=ctx,

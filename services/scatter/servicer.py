@@ -20,6 +20,7 @@ import structlog
 
 from common.engine import HybridEngine
 from common.pic.entry import dtype_name
+from common.pic.seal import load_secret, seal
 from common.rpc.abort import Abort
 from common.rpc.checks import check_model, expected_key, stream_chunk
 from common.rpc.guard import internal_details
@@ -66,6 +67,7 @@ class ScatterServicer(pb_grpc.ScatterServicer):
         self.segcache = segcache
         self.worker = worker
         self.dtype = dtype_name(engine.dtype)
+        self.secret = load_secret(cfg.entry_key_file)
         self.flights: dict[str, Flight] = {}  # key -> flight, until its store phase is over
         self.pending: dict[str, Flight] = {}  # key -> flight whose build is queued or running
 
@@ -92,7 +94,9 @@ class ScatterServicer(pb_grpc.ScatterServicer):
         m.BUILD_WAIT_SECONDS.observe(time.perf_counter() - fl.created)
         t0 = time.perf_counter()
         entry = self.engine.build_entry(fl.token_ids, fl.seam)
-        data = entry.to_bytes()
+        if entry.key != fl.key:  # what the entry's header will say must be what it is stored under
+            raise RuntimeError("built entry's identity differs from its key")
+        data = seal(entry.to_bytes(), self.secret)
         build_s = time.perf_counter() - t0
         return Built(data, build_s, checksum(data))
 

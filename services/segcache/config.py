@@ -37,6 +37,10 @@ class SegcacheConfig:
     io_threads: int = field(default=4, metadata=_h("threads for LMDB and copies"))
     # --- tiers ---------------------------------------------------------------------------
     data_dir: Path = field(default=Path("segcache-data"), metadata=_h("LMDB directory"))
+    entry_key_file: Optional[Path] = field(default=None, metadata=_h(
+        "file holding the mesh's entry secret: when given, a Put must be a sealed entry that opens "
+        "under it and whose header names its key (common/pic/seal.py), else INVALID_ARGUMENT; "
+        "none = entries are opaque bytes"))
     device_bytes: int = field(default=0, metadata=_h("tier 0 budget (GPU memory); 0 = off; "
                                                       "used only when CUDA is available"))
     device_index: int = field(default=0, metadata=_h("CUDA device of tier 0"))

@@ -12,12 +12,14 @@ import grpc
 import numpy as np
 import structlog
 
+from common.pic.seal import ForgedEntry, load_secret, open_sealed
 from common.rpc.abort import Abort
 from common.rpc.checks import stream_chunk
 from common.rpc.guard import internal_details
 from common.rpc.nixl_util import NixlUnavailable
 from protos.hypic.v1 import segcache_pb2 as pb
 from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
+from services.segcache import metrics as m
 from services.segcache.config import SegcacheConfig
 from services.segcache.nixl_agent import LeaseManager
 from services.segcache.store import EntryInfo, SegcacheError, SegmentStore
@@ -45,6 +47,8 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         self.store = store
         self.leases = leases
         self.executor = executor
+        # With the mesh's entry secret, only entries that open under it are stored (seal.py).
+        self.secret = load_secret(cfg.entry_key_file) if cfg.entry_key_file else None
 
     # ---- helpers ----------------------------------------------------------------------------
     async def _io(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -68,6 +72,18 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         if len(keys) > self.cfg.max_lookup_keys:
             raise Abort.invalid(f"{len(keys)} keys; at most {self.cfg.max_lookup_keys} per call")
         return [self._key(k) for k in keys]
+
+    async def _check_entry(self, key: str, buf: np.ndarray) -> None:
+        """INVALID_ARGUMENT unless `buf` is a sealed entry for `key` (when a secret is set)."""
+        if self.secret is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.executor, open_sealed, buf, key, self.secret)
+        except ForgedEntry as e:
+            m.REFUSED.labels("forged").inc()
+            log.warning("refused a Put that is not a sealed entry for its key", key=key, reason=str(e))
+            raise Abort.invalid(f"not a sealed entry for key {key[:16]}: {e}") from None
 
     @staticmethod
     async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -120,6 +136,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
                 raise Abort.invalid("empty Put stream")
             if n != len(buf):
                 raise Abort.invalid(f"stream ended after {n} of {len(buf)} declared bytes")
+            await self._check_entry(header.key, buf)
             res = await self._io(self.store.put, header.key, buf,
                                  recompute_cost_s=header.recompute_cost_s,
                                  token_count=header.token_count,
