@@ -22,6 +22,7 @@ from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
 from services.segcache import metrics as m
 from services.segcache.config import SegcacheConfig
 from services.segcache.nixl_agent import LeaseManager
+from services.segcache.uploads import UploadBudget, paced
 from services.segcache.store import EntryInfo, SegcacheError, SegmentStore
 
 log = structlog.get_logger("segcache.servicer")
@@ -47,6 +48,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         self.store = store
         self.leases = leases
         self.executor = executor
+        self.uploads = UploadBudget(cfg.upload_budget)
         # With the mesh's entry secret, only entries that open under it are stored (seal.py).
         self.secret = load_secret(cfg.entry_key_file) if cfg.entry_key_file else None
 
@@ -103,48 +105,59 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             entry_pb(i) if i is not None else pb.EntryInfo(key=k, tier=pb.TIER_MISS)
             for k, i in zip(keys, infos)])
 
+    def _check_header(self, header: pb.PutHeader) -> None:
+        self._key(header.key)
+        if header.size == 0:
+            raise Abort.invalid("entry size must be > 0")
+        if not (math.isfinite(header.recompute_cost_s) and header.recompute_cost_s >= 0):
+            raise Abort.invalid("recompute_cost_s must be a finite number >= 0")
+        try:
+            self.store.check_size(header.size)
+        except SegcacheError as e:
+            raise Abort(_status(e), str(e)) from None
+
+    @staticmethod
+    async def _receive(header: pb.PutHeader, first: pb.PutRequest, rest: Any) -> np.ndarray:
+        """The declared bytes of a Put: `first`'s data, then the rest of the stream."""
+        # numpy, not bytearray: large numpy buffers are hugepage-advised, which
+        # makes NIXL (UCX cma) reads of the host tier 2-3x faster.
+        buf = np.empty(header.size, dtype=np.uint8)
+        n = 0
+        msg: pb.PutRequest | None = first
+        while msg is not None:
+            data = msg.data
+            if n + len(data) > len(buf):
+                raise Abort.invalid(f"more than the declared {len(buf)} bytes")
+            buf[n:n + len(data)] = np.frombuffer(data, dtype=np.uint8)
+            n += len(data)
+            msg = await anext(rest, None)
+            if msg is not None and msg.HasField("header"):
+                raise Abort.invalid("header sent twice in one Put")
+        if n != len(buf):
+            raise Abort.invalid(f"stream ended after {n} of {len(buf)} declared bytes")
+        return buf
+
     async def Put(self, request_iterator, context) -> pb.PutResponse:
         try:
-            header = None
-            buf = None
-            n = 0
-            async for msg in request_iterator:
-                if header is None:
-                    if not msg.HasField("header"):
-                        raise Abort.invalid("the first Put message must carry the header")
-                    header = msg.header
-                    self._key(header.key)
-                    if header.size == 0:
-                        raise Abort.invalid("entry size must be > 0")
-                    if not (math.isfinite(header.recompute_cost_s) and header.recompute_cost_s >= 0):
-                        raise Abort.invalid("recompute_cost_s must be a finite number >= 0")
-                    try:
-                        self.store.check_size(header.size)
-                    except SegcacheError as e:
-                        raise Abort(_status(e), str(e)) from None
-                    # numpy, not bytearray: large numpy buffers are hugepage-advised, which
-                    # makes NIXL (UCX cma) reads of the host tier 2-3x faster.
-                    buf = np.empty(header.size, dtype=np.uint8)
-                elif msg.HasField("header"):
-                    raise Abort.invalid("header sent twice in one Put")
-                data = msg.data
-                if n + len(data) > len(buf):
-                    raise Abort.invalid(f"more than the declared {len(buf)} bytes")
-                buf[n:n + len(data)] = np.frombuffer(data, dtype=np.uint8)
-                n += len(data)
-            if header is None:
+            messages = paced(request_iterator, self.cfg.upload_idle_timeout_s)
+            first = await anext(messages, None)
+            if first is None:
                 raise Abort.invalid("empty Put stream")
-            if n != len(buf):
-                raise Abort.invalid(f"stream ended after {n} of {len(buf)} declared bytes")
-            await self._check_entry(header.key, buf)
-            res = await self._io(self.store.put, header.key, buf,
-                                 recompute_cost_s=header.recompute_cost_s,
-                                 token_count=header.token_count,
-                                 model_fingerprint=header.model_fingerprint, pin=header.pin,
-                                 expected_checksum=header.checksum)
+            if not first.HasField("header"):
+                raise Abort.invalid("the first Put message must carry the header")
+            header = first.header
+            self._check_header(header)
+            with self.uploads.reserve(header.size):  # before any buffer exists
+                buf = await self._receive(header, first, messages)
+                await self._check_entry(header.key, buf)
+                res = await self._io(self.store.put, header.key, buf,
+                                     recompute_cost_s=header.recompute_cost_s,
+                                     token_count=header.token_count,
+                                     model_fingerprint=header.model_fingerprint, pin=header.pin,
+                                     expected_checksum=header.checksum)
         except Exception as e:
             await self._fail(context, e)
-        log.debug("put", key=header.key, size=n, created=res.created)
+        log.debug("put", key=header.key, size=header.size, created=res.created)
         return pb.PutResponse(entry=entry_pb(res.info), created=res.created)
 
     async def Get(self, request: pb.GetRequest, context):
