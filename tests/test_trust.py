@@ -194,3 +194,136 @@ def test_puts_stay_within_the_upload_budget(launch, fresh_seed: int) -> None:
             assert (await c.put("again", blobs[0])).created
     arun(budget_is_free_again())
     assert srv.alive()
+
+
+# ---- damaged LMDB records and files ------------------------------------------------------------
+def make_store(tmp_path: Path, **kw):
+    from services.segcache.config import SegcacheConfig
+    from services.segcache.store import SegmentStore
+
+    kw.setdefault("lmdb_sync", False)
+    kw.setdefault("host_bytes", 0)  # every read comes from LMDB
+    kw.setdefault("disk_bytes", 8 * MiB)
+    return SegmentStore(SegcacheConfig(data_dir=tmp_path / "lmdb", **kw))
+
+
+def blobs_for(rng, n: int, size: int) -> dict[str, bytes]:
+    return {f"k{i}": rng.bytes(size + i) for i in range(n)}
+
+
+def edit_meta(path: Path, key: str, edit) -> None:
+    import lmdb
+
+    env = lmdb.open(str(path), max_dbs=4)
+    try:
+        db = env.open_db(b"meta")
+        with env.begin(write=True, db=db) as txn:
+            txn.put(key.encode(), bytes(edit(bytearray(txn.get(key.encode())))))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("field_at", [12, 8, 4, -1])  # size, token count, a flipped bit anywhere
+def test_a_damaged_meta_record_is_dropped_alone(tmp_path: Path, fresh_seed: int, field_at: int) -> None:
+    rng = np.random.default_rng(fresh_seed)
+    data = blobs_for(rng, 40, 100 * KiB)  # ~4 MiB of an 8 MiB disk budget
+    s = make_store(tmp_path)
+    for k, v in data.items():
+        s.put(k, v, token_count=7)
+    s.close()
+    victim = f"k{int(rng.integers(0, 40))}"
+
+    def flip(raw: bytearray) -> bytearray:
+        at = field_at if field_at >= 0 else int(rng.integers(0, len(raw)))
+        raw[at + (3 if field_at == 12 else 0)] ^= 1 << int(rng.integers(0, 8))  # size: a high bit
+        return raw
+    edit_meta(tmp_path / "lmdb", victim, flip)
+    s = make_store(tmp_path)
+    try:
+        st = s.stats()
+        assert st["entries"] == 39 and st["corrupt_dropped"] == 1
+        assert st["tiers"][2]["evictions"] == 0  # no good entry paid for the damaged one
+        assert s.get(victim) is None
+        for k, v in data.items():
+            if k != victim:
+                info, arr = s.get(k)
+                assert arr.tobytes() == v and info.token_count == 7
+    finally:
+        s.close()
+
+
+def test_lmdb_errors_on_read_are_a_miss_and_a_drop(tmp_path: Path, fresh_seed: int) -> None:
+    """Zeroed pages under a running store: every read is the right bytes or a miss, never an
+    error; entries that failed are gone."""
+    rng = np.random.default_rng(fresh_seed)
+    data = blobs_for(rng, 300, 900)  # small values: many keys per leaf page
+    s = make_store(tmp_path)
+    try:
+        for k, v in data.items():
+            s.put(k, v)
+        path = tmp_path / "lmdb" / "data.mdb"
+        n_pages = path.stat().st_size // 4096
+        with open(path, "r+b") as f:  # the store's map sees the same page cache
+            for page in rng.choice(np.arange(2, n_pages), size=max(1, n_pages // 4), replace=False):
+                f.seek(int(page) * 4096)
+                f.write(bytes(4096))
+        missed = 0
+        for k, v in data.items():
+            got = s.get(k)
+            if got is None:
+                missed += 1
+                assert s.get(k) is None and s.lookup([k]) == [None]  # dropped, not retried
+            else:
+                assert got[1].tobytes() == v
+        assert missed > 0 and s.stats()["corrupt_dropped"] >= missed
+    finally:
+        s.close()
+
+
+def test_a_store_whose_pages_are_zeroed_is_moved_aside_and_opens_empty(tmp_path: Path, fresh_seed: int) -> None:
+    rng = np.random.default_rng(fresh_seed)
+    s = make_store(tmp_path)
+    for k, v in blobs_for(rng, 50, 2000).items():
+        s.put(k, v)
+    s.close()
+    path = tmp_path / "lmdb" / "data.mdb"
+    raw = bytearray(path.read_bytes())
+    raw[2 * 4096:] = bytes(len(raw) - 2 * 4096)  # the meta pages survive, nothing else
+    path.write_bytes(raw)
+    s = make_store(tmp_path)
+    try:
+        assert s.stats()["entries"] == 0
+        s.put("fresh", b"x" * 100)
+        assert s.get("fresh")[1].tobytes() == b"x" * 100
+    finally:
+        s.close()
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("lmdb.damaged-")]
+    assert len(aside) == 1 and (aside[0] / "data.mdb").read_bytes() == bytes(raw)  # kept as it was
+
+
+def test_a_truncated_data_file_is_one_log_line_and_an_empty_store(launch, tmp_path: Path) -> None:
+    """SIGBUS before: LMDB mapped a file shorter than its meta page says."""
+    srv = launch("--no-nixl", "--no-lmdb-sync")
+    rng = np.random.default_rng(1)
+
+    async def fill():
+        async with SegcacheClient(srv.target) as c:
+            for i in range(20):
+                await c.put(f"k{i}", rng.bytes(200 * KiB))
+    arun(fill())
+    assert srv.terminate() == 0
+    path = srv.data_dir / "data.mdb"
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    srv.start()
+
+    async def check():
+        async with SegcacheClient(srv.target) as c:
+            assert (await c.stats()).entries == 0
+            assert (await c.put("after", b"abc")).created
+    arun(check())
+    lines = [json.loads(x) for x in srv.log().splitlines() if x.startswith("{") and "moved aside" in x]
+    assert len(lines) == 1 and "truncated" in lines[0]["reason"], lines
+    aside = Path(lines[0]["moved_to"])
+    assert aside.exists() and (aside / "data.mdb").stat().st_size == size // 2
