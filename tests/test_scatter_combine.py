@@ -339,6 +339,42 @@ def test_scatter_single_flight_and_store(mesh, engine):
     assert len(builds) == 1, builds
 
 
+def test_builds_nobody_waits_for_are_dropped(mesh, engine):
+    """Callers that give up (deadline) on queued builds, store asked or not: those builds never
+    run and nothing is stored for them; the running one finishes; Load drains to zero."""
+    (blocker, *queued), _ = prompt(12, (3000, 200, 200, 200, 200, 200, 200))
+
+    async def run():
+        async with grpc.aio.insecure_channel(mesh.scatter.target) as ch:
+            stub = spb_grpc.ScatterStub(ch)
+            first = asyncio.create_task(build(mesh.scatter.target, build_request(engine, blocker)))
+            while (await stub.Load(spb.LoadRequest(), timeout=10)).in_flight < 1:
+                await asyncio.sleep(0.005)
+            reqs = [build_request(engine, ids, store=i % 2 == 0) for i, ids in enumerate(queued)]
+
+            async def give_up(req):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    async for _ in stub.Build(req, timeout=0.3):
+                        pass
+                assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await asyncio.gather(*(give_up(r) for r in reqs))
+            await first
+            for _ in range(200):
+                load = await stub.Load(spb.LoadRequest(), timeout=10)
+                if load.in_flight == 0:
+                    break
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        return reqs, load, await lookup_tiers(mesh.segcache.target, [r.key for r in reqs])
+
+    reqs, load, tiers = arun(run())
+    assert load.in_flight == 0 and load.queued_tokens == 0
+    assert tiers == [0] * len(reqs)  # none was built and stored
+    lines = [json.loads(x) for x in mesh.scatter.log().splitlines() if x.startswith("{")]
+    built = {d.get("key") for d in lines if d.get("event") == "built"}
+    assert built.isdisjoint(r.key for r in reqs)
+
+
 # ---- combine ------------------------------------------------------------------------------------
 def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     segs, query = prompt(3, (40, 57, 33))

@@ -3,9 +3,11 @@
 Single flight: concurrent Builds of one key share one build. The first call creates a flight (a
 task that runs the build on the single build thread and then, when any caller asked for it, Puts the
 entry into segcache); later calls join it and answer with `shared=true`. The build runs to the end
-even when its first caller goes away while others wait or a store was asked for; a queued build
-whose every caller went away (and that nobody asked to store) is dropped before it starts; one
-that has started runs to the end (a running build cannot be stopped) and still counts in Load.
+while anyone waits for it; a queued build whose every caller went away (cancelled, or past its
+deadline) is dropped before it starts, even when a store was asked for: a store nobody waits for
+is work nobody waits for, and the next request that needs the segment builds it again (requests
+abandoned after 0.5 s once left 35,000 tokens of builds running, issue 14). A build that has
+started runs to the end (a running build cannot be stopped) and still counts in Load.
 """
 
 from __future__ import annotations
@@ -181,9 +183,8 @@ class ScatterServicer(pb_grpc.ScatterServicer):
 
     def _leave(self, fl: Flight) -> None:
         fl.waiters -= 1
-        if (fl.waiters == 0 and not fl.started and not fl.result.done() and not fl.store
-                and fl.task is not None):
-            fl.task.cancel()  # queued and nobody wants it any more: drop it
+        if fl.waiters == 0 and not fl.started and not fl.result.done() and fl.task is not None:
+            fl.task.cancel()  # queued and nobody waits for it any more: drop it
 
     # ---- RPCs -----------------------------------------------------------------------------
     async def Build(self, request: pb.BuildRequest, context):
