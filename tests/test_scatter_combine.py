@@ -750,6 +750,8 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
         "fingerprint": (plan(model_fingerprint="0" * 32), grpc.StatusCode.FAILED_PRECONDITION),
         "dtype": (plan(dtype="bfloat16"), grpc.StatusCode.FAILED_PRECONDITION),
         "unknown mode": (plan(mode=9), grpc.StatusCode.INVALID_ARGUMENT),
+        "seam 2^31": (plan(seam=2**31), grpc.StatusCode.INVALID_ARGUMENT),
+        "denormal temperature": (plan(temperature=1e-45), grpc.StatusCode.INVALID_ARGUMENT),
     }
 
     async def code_of(coro):
@@ -773,6 +775,9 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
             "scatter fingerprint": (spb.BuildRequest(key=segment_key("f" * 32, SEAM, "float32", ids),
                                                      token_ids=ids, seam=SEAM, model_fingerprint="f" * 32,
                                                      dtype="float32"), grpc.StatusCode.FAILED_PRECONDITION),
+            "scatter seam 2^31": (spb.BuildRequest(key="00" * 20, token_ids=ids, seam=2**31,
+                                                   model_fingerprint=engine.fingerprint, dtype="float32"),
+                                  grpc.StatusCode.INVALID_ARGUMENT),
         }
         for name, (req, want) in bad_builds.items():
             got[name] = await code_of(build(mesh.scatter.target, req))
