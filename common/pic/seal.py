@@ -5,7 +5,7 @@ model fingerprint, token ids, seam, dtype, layer layout. The entry's own checksu
 its tensors, so a rewritten header, or a payload moved under another header, parsed as a sound
 entry of another segment: cache poisoning. The seal closes that:
 
-    sealed = entry_bytes || b"HYPS" || tag        tag = blake2b-256(entry_bytes, key=secret)
+    sealed = entry_bytes || b"HYPS" || tag        tag = HMAC-SHA256(secret, "hypic-entry-v1\0" || entry_bytes)
 
 - the tag covers every byte of the entry, header and tensors (and whatever trailer the entry
   format itself grows: the seal is outside it);
@@ -14,8 +14,10 @@ entry of another segment: cache poisoning. The seal closes that:
   ForgedEntry; the caller treats it as a miss, drops the entry and counts it.
 
 With a secret (the `entry_key_file` of scatter, combine and segcache, the same for the whole mesh)
-nobody without it can make an entry that opens. Without one the tag is an unkeyed digest: header and
-tensors still cannot be separated by accident, but a writer who can reach segcache can forge them.
+nobody without it can make an entry that opens. Without one the tag is an HMAC under the empty key,
+in effect a digest: header and tensors still cannot be separated by accident, but a writer who can
+reach segcache can forge them. HMAC-SHA256 rather than keyed blake2b: OpenSSL's SHA-256 (SHA-NI)
+measured 2-4x faster than hashlib's blake2b over 16 MiB here, and entries are hashed at every use.
 
 Pure Python (no torch): segcache checks Puts with it.
 """
@@ -35,7 +37,7 @@ TAG_BYTES = 32
 TRAILER_BYTES = len(SEAL_MAGIC) + TAG_BYTES
 ENTRY_MAGIC = b"HYPE"  # common/pic/entry.py's; repeated here so that this module stays torch-free
 MAX_HEADER_BYTES = 64 << 20
-_PERSON = b"hypic-entry-v1"  # blake2b personalisation: a tag for entries and nothing else
+_DOMAIN = b"hypic-entry-v1\0"  # a tag for entries and nothing else
 
 
 class ForgedEntry(ValueError):
@@ -44,23 +46,24 @@ class ForgedEntry(ValueError):
 
 
 def load_secret(path: str | Path | None) -> bytes:
-    """The entry secret from a file (surrounding whitespace stripped); b"" when no path is given.
-    blake2b takes at most 64 key bytes: a longer secret is hashed down to 64."""
+    """The entry secret from a file (surrounding whitespace stripped); b"" when no path is given."""
     if not path:
         return b""
     secret = Path(path).read_bytes().strip()
     if not secret:
         raise ValueError(f"entry key file {path} is empty")
-    return secret if len(secret) <= 64 else hashlib.blake2b(secret).digest()
+    return secret
 
 
 def _tag(entry: Any, secret: bytes) -> bytes:
-    return hashlib.blake2b(entry, digest_size=TAG_BYTES, key=secret, person=_PERSON).digest()
+    mac = hmac.new(secret, _DOMAIN, hashlib.sha256)
+    mac.update(entry)
+    return mac.digest()
 
 
 def seal(entry: bytes, secret: bytes) -> bytes:
     """`entry` with its tag appended."""
-    return bytes(entry) + SEAL_MAGIC + _tag(entry, secret)
+    return b"".join((entry, SEAL_MAGIC, _tag(entry, secret)))  # one copy of the entry
 
 
 def header_of(entry: Any) -> dict[str, Any]:
