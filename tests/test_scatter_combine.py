@@ -437,7 +437,8 @@ def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
     ref_logits, ref_tokens = reference(engine, segs, query)
     # the same model, always segment-major; it loads while the cold request runs
     seg_worker = mesh.start("combine-segment", "services.combine", "--model", str(model_dir),
-                            "--threads", "1", "--compose-order", "segment")
+                            "--threads", "1", "--compose-order", "segment",
+                            "--entry-key-file", str(mesh.tmp / "entry.key"))
     layer0, mixed0, segment0 = compositions(mesh.combine)
     cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER)))
     assert_matches(cold, ref_logits, ref_tokens, n)  # and every entry is now in segcache
