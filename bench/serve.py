@@ -5,6 +5,9 @@ requests.
     python -m bench.serve                        # bundled model, the whole run (<= 15 min)
     python -m bench.serve --model DIR --quick    # a smoke run (any checkpoint; token ids when it
                                                  # has no tokenizer)
+    python -m bench.serve --base-url http://127.0.0.1:8000 [--trace FILE.jsonl]
+                                                 # a running deployment through its OpenAI front
+                                                 # (--address HOST:PORT: through gRPC); bench/remote.py
 
 What one run does (every number in bench/results/serve.json and cold.json comes from it):
 1. Starts the mesh as processes (hypic.launcher.Mesh: segcache, scatter x2, combine, router;
@@ -640,6 +643,15 @@ def parse_args(argv=None):
     ap.add_argument("--no-cold", action="store_true")
     ap.add_argument("--data-dir", type=Path, default=None, help="mesh data dir (default: a fresh temp dir)")
     ap.add_argument("--tag", default="", help="suffix of the output files (serve<tag>.json ...)")
+    # a running deployment instead of a mesh of our own (bench/remote.py)
+    ap.add_argument("--base-url", default="", help="benchmark this OpenAI-compatible front "
+                    "(http://host:port) instead of starting a mesh")
+    ap.add_argument("--address", default="", help="benchmark this router (host:port) over gRPC")
+    ap.add_argument("--trace", type=Path, default=None, help="replay these requests (JSONL: "
+                    "segments, query, max_tokens, arrival_s) against --base-url / --address")
+    ap.add_argument("--mode", default="hypic", help="prefill mode of the --base-url/--address run")
+    ap.add_argument("--api-key", default="unused", help="the front's API key (--base-url)")
+    ap.add_argument("--served-model", default="", help="model id at --base-url (default: the first)")
     args = ap.parse_args(argv)
     if args.quick:
         args.corpus, args.doc_tokens, args.summ_pool, args.summ_tokens = 24, [16, 128], 6, [64, 192]
@@ -652,6 +664,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.base_url or args.address:
+        from bench import remote
+
+        return remote.main(args, argv if argv is not None else sys.argv[1:])
     t_start = time.perf_counter()
     model = Path(args.model)
     if not (model / "config.json").exists():

@@ -1,7 +1,8 @@
 """The `hypic` command (also `python -m hypic`).
 
     hypic up [--model DIR] [--data-dir ./.hypic-data] [--scatter 2] [--port 50051] ...
-        start segcache, scatter × N, combine and the router on 127.0.0.1, wait until all are
+        start segcache, scatter × N, combine, the router and the OpenAI-compatible front
+        (http://127.0.0.1:8000/v1, --no-front to skip) on 127.0.0.1, wait until all are
         healthy, print the router address, run until Ctrl-C / SIGTERM, then stop everything.
     hypic generate --address HOST:PORT --segment TEXT [--segment-ids 1,2,3 ...] --query TEXT
         stream one generation to stdout (timings on stderr).
@@ -49,17 +50,22 @@ def cmd_up(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     extra: dict[str, list[str]] = {}
-    for kind in ("router", "segcache", "scatter", "combine"):
+    for kind in ("router", "segcache", "scatter", "combine", "front"):
         vals = getattr(args, f"{kind}_arg") or []
         if vals:
             extra[kind] = [a for v in vals for a in v.split()]
+        # Metrics on by default: an ephemeral Prometheus port per gRPC service (the front serves
+        # /metrics on its own port), unless the caller chose one or --no-metrics.
+        if kind != "front" and not args.no_metrics and "--metrics-port" not in extra.get(kind, []):
+            extra[kind] = ["--metrics-port", "0"] + extra.get(kind, [])
     mesh = Mesh(model, args.data_dir, args.scatter, n_combine=args.combine, host=args.host,
                 router_port=args.port, segcache_port=args.segcache_port,
                 scatter_ports=_ports(args.scatter_ports) if args.scatter_ports else None,
                 combine_ports=_ports(args.combine_ports) if args.combine_ports else None,
                 segcache=not args.no_segcache, seam=args.seam, dtype=args.dtype,
                 device=args.device, gpus=args.gpus.split(",") if args.gpus else None,
-                threads=args.threads, extra_args=extra, start_timeout_s=args.start_timeout)
+                threads=args.threads, extra_args=extra, start_timeout_s=args.start_timeout,
+                front=not args.no_front, front_port=args.front_port)
     old = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         print(f"hypic up: starting {', '.join(mesh.names)} (logs in {mesh.log_dir})",
@@ -72,6 +78,15 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
         for name, addr in mesh.addresses.items():
             print(f"  {name:<10} {addr}  pid {mesh[name].pid}", file=sys.stderr)
+        metrics = {n: mesh[n].info.get("metrics_port") for n in mesh.services}
+        if any(metrics.values()):
+            print("hypic up: Prometheus metrics at " + ", ".join(
+                f"{n} http://{mesh[n].host}:{p}/metrics" for n, p in metrics.items() if p),
+                  file=sys.stderr)
+        if "front" in mesh.services:
+            print(f"hypic up: OpenAI-compatible API at {mesh.front_url}/v1 "
+                  f"(model {mesh.model.name}); metrics at {mesh.front_url}/metrics",
+                  file=sys.stderr)
         print(f"hypic up: ready in {time.monotonic() - t0:.1f} s; Ctrl-C to stop",
               file=sys.stderr, flush=True)
         if args.json:
@@ -116,7 +131,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     try:
         with hypic.Client(args.address, timeout=args.timeout) as client:
             kw = dict(max_tokens=args.max_tokens, temperature=args.temperature,
-                      top_k=args.top_k, seed=args.seed, mode=args.mode,
+                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, mode=args.mode,
                       stop_at_eos=args.stop_at_eos)
             if args.json:
                 r = client.generate(segments, query, stream=False, **kw)
@@ -183,7 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--device", default="cpu", help="torch device of scatter and combine")
     up.add_argument("--gpus", default="", help="CUDA ids, one per scatter then combine: 0,1,2")
     up.add_argument("--threads", type=int, default=None, help="torch threads per worker")
-    for kind in ("router", "segcache", "scatter", "combine"):
+    up.add_argument("--front-port", type=int, default=8000,
+                    help="port of the OpenAI-compatible HTTP front; 0 = ephemeral")
+    up.add_argument("--no-front", action="store_true", help="do not start the HTTP front")
+    up.add_argument("--no-metrics", action="store_true",
+                    help="no Prometheus ports for the gRPC services (on by default, ephemeral)")
+    for kind in ("router", "segcache", "scatter", "combine", "front"):
         up.add_argument(f"--{kind}-arg", action="append", metavar="FLAGS",
                         help=f"extra flags for {kind} (repeatable), e.g. '--log-level debug'")
     up.add_argument("--no-restart", action="store_true", help="do not restart crashed services")
@@ -202,10 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--mode", default="hypic", type=str.lower, choices=sorted(MODES),
                      help=f"one of {', '.join(MODE_NAMES)} (naive: additive's old name)")
-    gen.add_argument("--stop-at-eos", action="store_true")
+    gen.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
+                     help="stop at the model's EOS token (default; --no-stop-at-eos runs on)")
     gen.add_argument("--timeout", type=float, default=120.0, help="seconds")
     gen.add_argument("--ids", action="store_true", help="print token ids when there is no text")
     gen.add_argument("--json", action="store_true", help="wait and print the result as JSON")

@@ -86,6 +86,8 @@ class Timings:
     misses: int = 0
     prompt_tokens: int = 0
     hits_by_tier: dict[str, int] = field(default_factory=dict)
+    cached_tokens: int = 0    # prompt tokens served from cache (segcache hits' bodies)
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     trace: tuple[SegmentTrace, ...] = ()  # per segment, in the final timings
 
     @classmethod
@@ -95,6 +97,8 @@ class Timings:
                    query_prefill_s=t.query_prefill_s, ttft_s=t.ttft_s, total_s=t.total_s,
                    segments=t.segments, hits=t.hits, misses=t.misses,
                    prompt_tokens=t.prompt_tokens, hits_by_tier=dict(t.hits_by_tier),
+                   cached_tokens=t.cached_tokens,
+                   cached_tokens_by_tier=dict(t.cached_tokens_by_tier),
                    trace=tuple(SegmentTrace(index=s.index, source=s.source, worker=s.worker, tier=s.tier,
                                             fetch_s=s.fetch_s, build_s=s.build_s, tokens=s.tokens,
                                             via_nixl=s.via_nixl) for s in t.trace))
@@ -151,8 +155,8 @@ def _segment(value: Any, what: str) -> pb.Segment:
 
 
 def build_request(segments: Sequence[SegmentLike], query: SegmentLike, *, max_tokens: int = 16,
-                  temperature: float = 0.0, top_k: int = 0, seed: int = 0, mode: str = "hypic",
-                  return_logits: bool = False, stop_at_eos: bool = False,
+                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                  mode: str = "hypic", return_logits: bool = False, stop_at_eos: bool = True,
                   request_id: str | None = None) -> pb.GenerateRequest:
     """The GenerateRequest for these arguments (client-side type checks only; the router
     validates the content)."""
@@ -167,8 +171,9 @@ def build_request(segments: Sequence[SegmentLike], query: SegmentLike, *, max_to
     return pb.GenerateRequest(
         segments=[_segment(s, f"segment {i}") for i, s in enumerate(segments)],
         query=_segment(query, "query"), max_tokens=max_tokens, temperature=float(temperature),
-        top_k=int(top_k), seed=int(seed), mode=mode_value, return_logits=bool(return_logits),
-        stop_at_eos=bool(stop_at_eos), request_id=request_id or uuid.uuid4().hex[:16])
+        top_k=int(top_k), top_p=float(top_p), seed=int(seed), mode=mode_value,
+        return_logits=bool(return_logits), stop_at_eos=bool(stop_at_eos),
+        request_id=request_id or uuid.uuid4().hex[:16])
 
 
 class _Accumulator:
@@ -319,14 +324,16 @@ class Client:
             raise errors.from_rpc_error(e) from None
 
     def generate(self, segments: Sequence[SegmentLike], query: SegmentLike, max_tokens: int = 16,
-                 *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, seed: int = 0,
+                 *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0,
                  mode: str = "hypic", timeout: float | None = None, return_logits: bool = False,
-                 stop_at_eos: bool = False, request_id: str | None = None
+                 stop_at_eos: bool = True, request_id: str | None = None
                  ) -> TokenStream | GenerateResult:
         """stream=True: a TokenStream (iterate it for Token events); stream=False: block until
         the generation ends and return a GenerateResult(tokens, text, timings, logits)."""
         req = build_request(segments, query, max_tokens=max_tokens, temperature=temperature,
-                            top_k=top_k, seed=seed, mode=mode, return_logits=return_logits,
+                            top_k=top_k, top_p=top_p, seed=seed, mode=mode,
+                            return_logits=return_logits,
                             stop_at_eos=stop_at_eos, request_id=request_id)
         call = self._stub.Generate(req, timeout=self._timeout(timeout),
                                    metadata=[(REQUEST_ID_KEY, req.request_id)])
@@ -427,13 +434,15 @@ class AsyncClient:
             raise errors.from_rpc_error(e) from None
 
     def generate(self, segments: Sequence[SegmentLike], query: SegmentLike, max_tokens: int = 16,
-                 *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, seed: int = 0,
+                 *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0,
                  mode: str = "hypic", timeout: float | None = None, return_logits: bool = False,
-                 stop_at_eos: bool = False, request_id: str | None = None):
+                 stop_at_eos: bool = True, request_id: str | None = None):
         """stream=True: an AsyncTokenStream (`async for tok in ...`); stream=False: a coroutine
         of GenerateResult (`await client.generate(..., stream=False)`)."""
         req = build_request(segments, query, max_tokens=max_tokens, temperature=temperature,
-                            top_k=top_k, seed=seed, mode=mode, return_logits=return_logits,
+                            top_k=top_k, top_p=top_p, seed=seed, mode=mode,
+                            return_logits=return_logits,
                             stop_at_eos=stop_at_eos, request_id=request_id)
         def start() -> AsyncTokenStream:
             call = self._stub.Generate(req, timeout=self._timeout(timeout),

@@ -1,6 +1,7 @@
 """grpc.health.v1 probe of any Hypic service.
 
     python -m hypic.healthcheck 127.0.0.1:50051 [--service hypic.v1.Router] [--timeout 2]
+    python -m hypic.healthcheck 127.0.0.1:8000 --http      # the OpenAI front: GET /health
 
 Exit status 0 when the service answers SERVING, 1 otherwise (the docker-compose healthcheck).
 `check(address)` is the same probe as a function (the launcher uses it).
@@ -31,14 +32,34 @@ def check(address: str, service: str = "", timeout: float = 2.0) -> bool:
     return status(address, service, timeout) == "SERVING"
 
 
+def http_status(address: str, timeout: float = 2.0) -> str:
+    """'SERVING' when GET http://address/health answers 200, else the status or error."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{address}/health", timeout=timeout) as r:
+            return "SERVING" if r.status == 200 else f"HTTP {r.status}"
+    except urllib.error.HTTPError as e:
+        return f"HTTP {e.code}"
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return type(e).__name__
+
+
+def http_check(address: str, timeout: float = 2.0) -> bool:
+    return http_status(address, timeout) == "SERVING"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hypic.healthcheck", description=__doc__.split("\n")[0])
     ap.add_argument("address", help="host:port of the service")
     ap.add_argument("--service", default="", help="service name; empty = the whole server")
     ap.add_argument("--timeout", type=float, default=2.0, help="seconds")
+    ap.add_argument("--http", action="store_true", help="an HTTP service: GET /health")
     ap.add_argument("-q", "--quiet", action="store_true")
     args = ap.parse_args(argv)
-    st = status(args.address, args.service, args.timeout)
+    st = http_status(args.address, args.timeout) if args.http else \
+        status(args.address, args.service, args.timeout)
     if not args.quiet:
         print(f"{args.address} {args.service or '(server)'}: {st}")
     return 0 if st == "SERVING" else 1

@@ -59,7 +59,7 @@ def test_every_command_is_a_real_module(compose) -> None:
         module = svc["command"][2]
         assert importlib.util.find_spec(module + ".__main__") is not None, f"{name}: {module}"
         kinds.add(kind_of(svc))
-    assert kinds == {"segcache", "scatter", "combine", "router"}
+    assert kinds == {"segcache", "scatter", "combine", "router", "front"}
 
 
 def test_flags_and_env_vars_are_config_fields(compose, configs) -> None:
@@ -97,13 +97,18 @@ def test_addresses_and_ports_agree(compose, configs) -> None:
     assert len(set(scat)) == len(scat)
     for a in rcfg.combines:
         points_to(a, "combine", "router")
+    fronts = [n for n, (k, _) in configs.items() if k == "front"]
+    for n in fronts:
+        for a in configs[n][1].routers:
+            points_to(a, "router", n)
+        assert str(configs[n][1].model) == str(rcfg.model), f"{n}: another model than the router's"
     for n, (k, cfg) in configs.items():
         if k in ("scatter", "combine"):
             points_to(cfg.segcache_address, "segcache", n)
             assert cfg.dtype == rcfg.dtype, f"{n}: dtype {cfg.dtype} != router's {rcfg.dtype}"
             assert str(cfg.model) == str(rcfg.model), f"{n}: another model than the router's"
             assert cfg.device.startswith("cuda")
-        if cfg.metrics_port >= 0:
+        if getattr(cfg, "metrics_port", -1) >= 0:
             assert cfg.metrics_port != cfg.port
         # healthcheck: the real module, on the service's own port
         test = services[n]["healthcheck"]["test"]
@@ -111,13 +116,14 @@ def test_addresses_and_ports_agree(compose, configs) -> None:
         assert importlib.util.find_spec("hypic.healthcheck") is not None
         assert split(test[4]) == ("127.0.0.1", cfg.port), (n, test)
         assert all(a in ("--quiet", "-q", "--service", "--timeout") or not a.startswith("-")
-                   for a in test[5:])
+                   for a in test[5:] if a != "--http")
+        assert ("--http" in test) == (k == "front"), f"{n}: HTTP probe only for the front"
         for dep in services[n].get("depends_on") or {}:
             assert dep in services, f"{n} depends on unknown {dep}"
         for mapping in services[n].get("ports") or []:
             assert int(str(mapping).split(":")[-1]) == cfg.port, (n, mapping)
     published = [n for n, s in services.items() if s.get("ports")]
-    assert published == routers, "only the router is published to the host"
+    assert published == routers + fronts, "only the router and the front are published"
 
 
 def test_volumes_gpus_and_image(compose, configs) -> None:
@@ -139,7 +145,7 @@ def test_volumes_gpus_and_image(compose, configs) -> None:
         if kind == "segcache":
             assert any(str(cfg.data_dir).startswith(t.rstrip("/") + "/") for t in targets), \
                 "segcache's LMDB must live on a volume"
-        if kind in ("scatter", "combine", "router"):
+        if kind in ("scatter", "combine", "router", "front"):
             assert any(str(cfg.model).startswith(t.rstrip("/") + "/") for t in targets), \
                 f"{n}: the model directory is not mounted"
         assert svc["build"]["dockerfile"] == "docker/Dockerfile" and svc["build"]["context"] == "."

@@ -159,12 +159,10 @@ def _zeros_conv(mixer, body: LinearBody, c: int):
 
 # -- segment-major ---------------------------------------------------------------------------------
 @torch.inference_mode()
-def compose_segment(engine: PicEngine, state: ModelState, entry: SegmentEntry, additive: bool = False, *,
-                    naive: bool | None = None) -> ModelState:
+def compose_segment(engine: PicEngine, state: ModelState, entry: SegmentEntry, additive: bool = False) -> ModelState:
     """Extend `state` (not mutated) by one segment from its entry: seam recomputed under the real
     prefix, then the cached body applied. What a combine worker calls as each entry arrives.
-    additive=True: the ablation (no seam recompute, states added). `naive` is additive's old name."""
-    additive = additive if naive is None else naive
+    additive=True: the ablation (no seam recompute, states added without T)."""
     start = state.seq_len
     if entry.seam_len and not additive:
         _, _, state = engine.forward(entry.seam_tokens, state)
@@ -182,7 +180,8 @@ def prefill_segment_major(engine: PicEngine, entries: list[SegmentEntry], state:
 
 # -- layer-major -------------------------------------------------------------------------------------
 class SeamPlan:
-    """All seams of all segments through the stack in one pass per layer."""
+    """All seams of all segments through the stack in one pass per layer (a
+    common.models.base.LayerPlan: the model hands it every token mixer call)."""
 
     def __init__(self, model, entries: list[SegmentEntry], device):
         self.model = model
@@ -212,8 +211,10 @@ class SeamPlan:
         kpos = torch.arange(self.total, device=q.device)
         mask = kpos[None, :] <= self.seam_positions[:, None]
         n_rep = q.shape[1] // K_all.shape[1]
+        # MLA latents (Kimi): the values are the first channels of the keys, stored once
+        V_use = K_all[..., : mixer.latent_values] if getattr(mixer, "latent_values", None) else V_all
         Kr = K_all.repeat_interleave(n_rep, 1) if n_rep > 1 else K_all
-        Vr = V_all.repeat_interleave(n_rep, 1) if n_rep > 1 else V_all
+        Vr = V_use.repeat_interleave(n_rep, 1) if n_rep > 1 else V_use
         o = F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=mask, scale=scale)
         return o.transpose(1, 2), AttentionLayerState(K_all, V_all)
 

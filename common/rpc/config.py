@@ -167,6 +167,36 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None, *,
         raise ConfigError(str(e)) from None
 
 
+DRAIN_HELP = ("on SIGTERM: seconds to keep serving while health says NOT_SERVING, so load balancers "
+              "and the router stop sending first; then stop (a second signal cuts it short)")
+
+
+@dataclasses.dataclass
+class ServiceConfig:
+    """What every service's config shares (its base class): the metrics and log fields (their
+    flags come first in --help) and the checks of the server fields each config declares with
+    its own defaults (port, port_file, max_message_bytes)."""
+
+    metrics_port: int = dataclasses.field(default=-1, metadata={"help": "Prometheus port; -1 = off, 0 = ephemeral"})
+    metrics_host: str = dataclasses.field(default="127.0.0.1", metadata={"help": "Prometheus bind address"})
+    log_level: str = dataclasses.field(default="info", metadata={"help": "debug | info | warning | error"})
+    log_json: bool = dataclasses.field(default=True, metadata={"help": "JSON log lines (else console format)"})
+    drain_s: float = dataclasses.field(default=0.0, metadata={"help": DRAIN_HELP})
+
+    def check_server(self) -> None:
+        """port in range, port_file a Path, max_message_bytes >= 64 KiB, drain_s finite >= 0
+        (ValueError otherwise)."""
+        if not (self.drain_s >= 0 and self.drain_s < float("inf")):
+            raise ValueError(f"drain_s must be a finite number >= 0, not {self.drain_s!r}")
+        port_file = getattr(self, "port_file", None)
+        if port_file is not None:
+            self.port_file = Path(port_file)
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        if self.max_message_bytes < 64 * 1024:
+            raise ValueError("max_message_bytes must be at least 64 KiB")
+
+
 def describe(cfg: Any) -> dict[str, Any]:
     """The config as a JSON-friendly dict (Paths as strings), for the startup log line."""
     out = {}

@@ -61,6 +61,8 @@ class SegcacheClient:
 
     async def close(self) -> None:
         await self._channel.close()
+        if self._nixl is not None:
+            self._nixl.close()
 
     def _md(self, request_id: str | None) -> list[tuple[str, str]] | None:
         return [(REQUEST_ID_KEY, request_id)] if request_id else None
@@ -148,7 +150,8 @@ class SegcacheClient:
     # ---- data over NIXL -------------------------------------------------------------------
     def _agent(self) -> NixlAgent:
         if self._nixl is None:
-            self._nixl = NixlAgent(self._nixl_name)
+            # a reader progresses its own worker while it waits for a READ: no progress thread
+            self._nixl = NixlAgent(self._nixl_name, progress_thread=False)
         if not self._nixl.available:
             raise NixlUnavailable(self._nixl.reason or "nixl unavailable")
         return self._nixl

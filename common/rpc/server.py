@@ -6,7 +6,7 @@
     await server.start()
     await mark_serving(health, "hypic.v1.Segcache")
     await wait_for_shutdown_signal()
-    await shutdown(server, health, grace_s=cfg.grace_s)
+    await shutdown(server, health, grace_s=cfg.grace_s, drain_s=cfg.drain_s)
 
 run(main_coro) runs the event loop (uvloop when importable).
 """
@@ -159,22 +159,38 @@ async def mark_serving(health: Any, *service_names: str) -> None:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
 
-async def wait_for_shutdown_signal(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
-    """Wait until one of `signals` arrives; returns its number."""
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def wait_for_shutdown_signal(signals: Sequence[int] = SHUTDOWN_SIGNALS,
+                                   timeout_s: float | None = None) -> int | None:
+    """Wait until one of `signals` arrives; returns its number (None once timeout_s passed)."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[int] = loop.create_future()
     for sig in signals:
         loop.add_signal_handler(sig, lambda s=sig: fut.done() or fut.set_result(int(s)))
     try:
-        return await fut
+        if timeout_s is None:
+            return await fut
+        done, _ = await asyncio.wait({fut}, timeout=timeout_s)
+        return fut.result() if done else None
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
 
 
-async def shutdown(server: grpc.aio.Server, health: Any, *, grace_s: float = 5.0) -> None:
-    """Health NOT_SERVING, stop accepting calls, let running calls finish for grace_s."""
+async def shutdown(server: grpc.aio.Server, health: Any, *, grace_s: float = 5.0,
+                   drain_s: float = 0.0) -> None:
+    """Drain, then stop: health NOT_SERVING at once (load balancers and the router stop sending
+    new calls) while calls are still served for drain_s; then stop accepting calls and let the
+    running ones finish for grace_s. A second SIGTERM/SIGINT during the drain ends it early --
+    and, the handlers being ours until then, never kills the process with the signal."""
     await health.enter_graceful_shutdown()
+    if drain_s > 0:
+        log = structlog.get_logger("server")
+        log.info("draining", drain_s=drain_s)
+        sig = await wait_for_shutdown_signal(timeout_s=drain_s)
+        log.info("drained", cut_short_by_signal=sig)
     await server.stop(grace_s)
 
 

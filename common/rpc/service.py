@@ -86,7 +86,7 @@ async def serve(service: Service) -> int:
     sig = await wait_for_shutdown_signal()
     log.info("shutting down", signal=sig)
     await service.stopping()
-    await shutdown(server, health, grace_s=cfg.grace_s)
+    await shutdown(server, health, grace_s=cfg.grace_s, drain_s=cfg.drain_s)
     await service.close()
     log.info("stopped")
     return 0

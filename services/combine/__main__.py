@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from common.engine import HybridEngine
 from common.rpc import service
 from protos.hypic.v1 import combine_pb2_grpc
 from services.combine.config import ENV_PREFIX, CombineConfig
@@ -28,6 +29,7 @@ class CombineService(service.Service):
     name = "combine"
     grpc_service = SERVICE_NAME
     cfg: CombineConfig
+    engine: HybridEngine  # loaded by prepare()
 
     async def prepare(self) -> None:
         self.engine = await asyncio.to_thread(service.load_engine, self.cfg)

@@ -187,8 +187,10 @@ class Peers:
         for t in self._nixl.values():
             if not t.done():
                 t.cancel()
-        for ch, _ in [*self._scatter.values(), *self._segcache.values()]:
+        for ch, _ in self._scatter.values():
             await ch.close()
+        for _, client in self._segcache.values():
+            await client.close()  # its channel, and its NIXL agent
 
 
 @dataclass

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.config import ServiceConfig
+
 ENV_PREFIX = "HYPIC_ROUTER_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
@@ -26,7 +28,7 @@ def split_addresses(text: str) -> list[str]:
 
 
 @dataclass
-class RouterConfig:
+class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, log_json
     """The client-facing router: tokenize, look up, plan (LPT), hand the plan to combine."""
 
     # --- model ---------------------------------------------------------------------------
@@ -70,23 +72,15 @@ class RouterConfig:
     cost_b_s: float = field(default=2e-4, metadata=_h("prior cost per token (s)"))
     cost_c_s: float = field(default=2e-9, metadata=_h("prior cost per token² (s)"))
     tokenizer_threads: int = field(default=2, metadata=_h("threads for tokenizing"))
-    # --- observability -------------------------------------------------------------------
-    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
-    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
-    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
-    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
     def __post_init__(self) -> None:
+        self.check_server()
         self.model = Path(self.model)
-        if self.port_file is not None:
-            self.port_file = Path(self.port_file)
         self.dtype = self.dtype.lower()
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
         if self.seam < 0:
             raise ValueError("seam must be >= 0")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port out of range: {self.port}")
         self.segcache_address = (self.segcache_address or "").strip()
         if not self.combines:
             raise ValueError("at least one combine address is needed (--combine-addresses)")
@@ -103,8 +97,6 @@ class RouterConfig:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number >= 0")
-        if self.max_message_bytes < 64 * 1024:
-            raise ValueError("max_message_bytes must be at least 64 KiB")
 
     @property
     def scatters(self) -> list[str]:

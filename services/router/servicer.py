@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -51,6 +52,11 @@ def _norm_tier(text: str) -> str:
     return text.strip().lower().removeprefix("tier_")
 
 
+def stop_at_eos(request: pb.GenerateRequest) -> bool:
+    """Whether to stop at EOS: as the request says, true when it says nothing."""
+    return request.stop_at_eos if request.HasField("stop_at_eos") else True
+
+
 # ---- per-request state ----------------------------------------------------------------------
 
 @dataclass
@@ -72,6 +78,7 @@ class _Request:
     combine_timings: pb.Timings = field(default_factory=pb.Timings)
     ttft_s: float = 0.0
     tokens_sent: int = 0
+    seam: int = 0                  # the plan's seam window (cached bodies exclude it)
 
     @property
     def mode_name(self) -> str:
@@ -199,6 +206,8 @@ class RouterServicer(pb_grpc.RouterServicer):
         if request.max_tokens > cfg.max_tokens_limit:
             raise Abort(bad, f"max_tokens {request.max_tokens} over the limit {cfg.max_tokens_limit}")
         check_temperature(request.temperature)
+        if not (math.isfinite(request.top_p) and 0 <= request.top_p <= 1):
+            raise Abort(bad, "top_p must be in [0, 1]")
         parts = list(request.segments) + [request.query]
         names = [f"segment {i}" for i in range(len(request.segments))] + ["query"]
         ids: list[list[int] | None] = []
@@ -287,7 +296,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=request.mode,
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
             seed=request.seed, return_logits=request.return_logits,
-            stop_at_eos=request.stop_at_eos, scatter_addresses=self.scatter_addresses,
+            stop_at_eos=stop_at_eos(request), top_p=request.top_p,
+            scatter_addresses=self.scatter_addresses,
             segcache_address=cfg.segcache_address if cached_modes else "",
             store_entries=bool(cfg.segcache_address) and cached_modes)
         if not cached_modes:
@@ -306,6 +316,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             else:
                 jobs.append(Job(i, key, len(ids)))
         req.planned_misses = len(jobs)
+        req.seam = seam
         assigned: dict[int, Any] = {}
         if jobs and self.scatter_addresses:
             req.ticket = self.planner.assign(jobs)
@@ -378,7 +389,22 @@ class RouterServicer(pb_grpc.RouterServicer):
         for tier in tiers:
             key = tier or "unknown"
             t.hits_by_tier[key] = t.hits_by_tier.get(key, 0) + 1
+        self._cached_tokens(req, t)
         return t
+
+    def _cached_tokens(self, req: _Request, t: pb.Timings) -> None:
+        """Tokens served from cache: each segcache hit's body (its seam window is recomputed)."""
+        hits = {i: tier for i, (src, tier) in req.ready.items() if src == cpb.SOURCE_SEGCACHE} \
+            if req.ready else dict(req.planned_tiers)
+        t.cached_tokens = 0
+        t.ClearField("cached_tokens_by_tier")
+        for i, tier in hits.items():
+            if i >= len(req.segments):
+                continue
+            body = max(0, len(req.segments[i]) - req.seam)
+            key = tier or "unknown"
+            t.cached_tokens += body
+            t.cached_tokens_by_tier[key] = t.cached_tokens_by_tier.get(key, 0) + body
 
     async def _execute(self, plan: cpb.Plan, req: _Request) -> AsyncIterator[pb.GenerateEvent]:
         md = self._md(req)

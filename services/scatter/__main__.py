@@ -12,6 +12,7 @@ import asyncio
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from common.engine import HybridEngine
 from common.rpc import service
 from common.rpc.segcache_client import SegcacheClient
 from common.rpc.server import format_address
@@ -24,6 +25,7 @@ class ScatterService(service.Service):
     name = "scatter"
     grpc_service = SERVICE_NAME
     cfg: ScatterConfig
+    engine: HybridEngine  # loaded by prepare()
 
     async def prepare(self) -> None:
         self.engine = await asyncio.to_thread(service.load_engine, self.cfg)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.config import ServiceConfig
+
 ENV_PREFIX = "HYPIC_SEGCACHE_"
 GiB = 1 << 30
 MiB = 1 << 20
@@ -21,7 +23,7 @@ def _h(text: str) -> dict:
 
 
 @dataclass
-class SegcacheConfig:
+class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, log_json
     """The tiered segment cache (tier 0 device, tier 1 host DRAM, tier 2 LMDB)."""
 
     # --- network -------------------------------------------------------------------------
@@ -65,16 +67,10 @@ class SegcacheConfig:
     nixl: bool = field(default=True, metadata=_h("offer the NIXL path when nixl imports"))
     nixl_backend: str = field(default="UCX", metadata=_h("NIXL backend"))
     lease_ttl_s: float = field(default=30.0, metadata=_h("a NIXL lease ends by itself after this"))
-    # --- observability -------------------------------------------------------------------
-    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
-    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
-    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
-    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
     def __post_init__(self) -> None:
+        self.check_server()
         self.data_dir = Path(self.data_dir)
-        if self.port_file is not None:
-            self.port_file = Path(self.port_file)
         self.policy = self.policy.lower()
         if self.policy not in ("gdsf", "lru"):
             raise ValueError(f"policy must be gdsf or lru, not {self.policy!r}")
@@ -83,10 +79,6 @@ class SegcacheConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.disk_bytes <= 0:
             raise ValueError("disk_bytes must be > 0 (LMDB is the persistent tier)")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port out of range: {self.port}")
-        if self.max_message_bytes < 64 * 1024:
-            raise ValueError("max_message_bytes must be at least 64 KiB")
         if self.chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be > 0")
         # A chunk plus protobuf framing must fit in one message.

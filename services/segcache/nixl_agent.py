@@ -162,3 +162,4 @@ class LeaseManager:
             self._leases.clear()
         for l in leases:
             self._end(l)
+        self.agent.close()
