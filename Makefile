@@ -13,7 +13,7 @@ FLA_VENV  ?= .venv-fla
 FLA_STAMP := $(FLA_VENV)/.installed
 FLA_REQS  := requirements/fla-interpreter.txt requirements/constraints-cpu.txt
 
-.PHONY: demo test venv fla-venv gpu-check clean mutate
+.PHONY: demo test venv fla-venv gpu-check clean mutate compose-check
 
 venv: $(STAMP)
 
@@ -45,6 +45,10 @@ test: $(STAMP)
 # (docs/gpu.md). `python scripts/gpu_check.py --dry-run` shows the table's rows without a GPU.
 gpu-check:
 	$(PY) scripts/gpu_check.py --json gpu-check.json
+
+# The mesh for real under Docker, CPU only (not part of test): scripts/compose-check.sh.
+compose-check: $(STAMP)
+	bash scripts/compose-check.sh
 
 clean:
 	rm -rf $(VENV) $(FLA_VENV) .venv-gpu

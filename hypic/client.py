@@ -31,6 +31,7 @@ from typing import Any, AsyncIterator, Iterator, Sequence, Union
 import grpc
 
 from hypic import errors
+from hypic.targets import balancing_options, channel_target
 from protos.hypic.v1 import router_pb2 as pb
 from protos.hypic.v1 import router_pb2_grpc as pb_grpc
 
@@ -219,7 +220,7 @@ def _channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2000)]
+            ("grpc.max_reconnect_backoff_ms", 2000)] + balancing_options()
 
 
 # ---- synchronous client ------------------------------------------------------------------------
@@ -293,8 +294,8 @@ class Client:
                  channel: grpc.Channel | None = None):
         self.address = address
         self.timeout = timeout
-        self._channel = channel or grpc.insecure_channel(address,
-                                                         options=_channel_options(max_message_bytes))
+        self._channel = channel or grpc.insecure_channel(
+            channel_target(address), options=_channel_options(max_message_bytes))
         self._stub = pb_grpc.RouterStub(self._channel)
 
     def __enter__(self) -> "Client":
@@ -403,7 +404,7 @@ class AsyncClient:
         self.address = address
         self.timeout = timeout
         self._channel = channel or grpc.aio.insecure_channel(
-            address, options=_channel_options(max_message_bytes))
+            channel_target(address), options=_channel_options(max_message_bytes))
         self._stub = pb_grpc.RouterStub(self._channel)
 
     async def __aenter__(self) -> "AsyncClient":

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from common.rpc.config import load_config
+from common.rpc.discovery import parse_target
 from service_configs import config_flags, service_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,7 +83,9 @@ def test_addresses_and_ports_agree(compose, configs) -> None:
     port = {n: cfg.port for n, (_, cfg) in configs.items()}
 
     def points_to(address: str, kind: str, who: str) -> str:
-        host, p = split(address)
+        t = parse_target(address)  # dns:///name:port: compose's DNS answers every replica
+        assert t.is_dns or len(t.static) == 1, f"{who}: {address}"
+        host, p = (t.name, t.port) if t.is_dns else split(address)
         assert host in configs, f"{who}: {address} names no service"
         assert configs[host][0] == kind, f"{who}: {address} is not a {kind}"
         assert p == port[host], f"{who}: {address} but {host} listens on {port[host]}"
@@ -92,11 +95,10 @@ def test_addresses_and_ports_agree(compose, configs) -> None:
     assert len(routers) == 1
     rcfg = configs[routers[0]][1]
     points_to(rcfg.segcache_address, "segcache", "router")
-    scat = [points_to(a, "scatter", "router") for a in rcfg.scatters]
-    assert sorted(scat) == sorted(n for n, (k, _) in configs.items() if k == "scatter")
-    assert len(set(scat)) == len(scat)
-    for a in rcfg.combines:
-        points_to(a, "combine", "router")
+    # --scale scatter=N / combine=M: the router finds the replicas by name
+    assert rcfg.scatter_target.is_dns and rcfg.combine_target.is_dns
+    assert points_to(rcfg.scatter_addresses, "scatter", "router") == "scatter"
+    assert points_to(rcfg.combine_addresses, "combine", "router") == "combine"
     fronts = [n for n, (k, _) in configs.items() if k == "front"]
     for n in fronts:
         for a in configs[n][1].routers:
@@ -149,19 +151,21 @@ def test_volumes_gpus_and_image(compose, configs) -> None:
             assert any(str(cfg.model).startswith(t.rstrip("/") + "/") for t in targets), \
                 f"{n}: the model directory is not mounted"
         assert svc["build"]["dockerfile"] == "docker/Dockerfile" and svc["build"]["context"] == "."
-    gpus: dict[str, str] = {}
+    # GPUs: every scatter/combine replica sees all of them and claims a free one (claim-gpu,
+    # locks on one shared volume), so replicas of a scaled service never share a GPU.
+    claim = ROOT / "docker" / "claim-gpu"
+    assert claim.stat().st_mode & 0o111, "docker/claim-gpu must be executable"
     for n, (kind, _) in configs.items():
-        devs = (compose["services"][n].get("deploy", {}).get("resources", {})
-                .get("reservations", {}).get("devices", []))
-        ids = [i for d in devs for i in d.get("device_ids", [])]
+        svc = compose["services"][n]
+        devs = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
         if kind in ("scatter", "combine"):
-            assert len(ids) == 1, f"{n}: one GPU each"
-            assert all("gpu" in d.get("capabilities", []) for d in devs)
+            assert devs and all("gpu" in d.get("capabilities", []) for d in devs), n
+            assert svc.get("entrypoint") == ["claim-gpu"], f"{n}: claims no GPU"
+            mounts = {v["target"]: v["source"] for v in svc["volumes"] if isinstance(v, dict)}
+            assert mounts.get("/run/hypic-gpus") == "gpu-locks", f"{n}: no shared GPU locks"
         else:
-            assert ids == [], f"{n} needs no GPU"
-        for i in ids:
-            assert i not in gpus, f"GPU {i} given to {gpus[i]} and {n}"
-            gpus[i] = n
+            assert devs == [] and "entrypoint" not in svc, f"{n} needs no GPU"
     text = DOCKERFILE.read_text()
-    assert "nvidia/cuda" in text and '".[gpu]"' in text
+    assert "nvidia/cuda" in text and "ARG HYPIC_EXTRAS=gpu" in text
+    assert "claim-gpu" in text
     assert "requirements/base.txt" in text

@@ -348,7 +348,7 @@ def test_scatter_single_flight_and_store(mesh, engine):
 def test_builds_nobody_waits_for_are_dropped(mesh, engine):
     """Callers that give up (deadline) on queued builds, store asked or not: those builds never
     run and nothing is stored for them; the running one finishes; Load drains to zero."""
-    (blocker, *queued), _ = prompt(12, (3000, 200, 200, 200, 200, 200, 200))
+    (blocker, *queued), _ = prompt(12, (8000, 200, 200, 200, 200, 200, 200))
 
     async def run():
         async with grpc.aio.insecure_channel(mesh.scatter.target) as ch:
@@ -360,7 +360,7 @@ def test_builds_nobody_waits_for_are_dropped(mesh, engine):
 
             async def give_up(req):
                 with pytest.raises(grpc.aio.AioRpcError) as e:
-                    async for _ in stub.Build(req, timeout=0.3):
+                    async for _ in stub.Build(req, timeout=0.2):
                         pass
                 assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             await asyncio.gather(*(give_up(r) for r in reqs))

@@ -254,3 +254,4 @@ class NixlAgent:
                         pass
                 if reg is not None:
                     agent.deregister_memory(reg)
+

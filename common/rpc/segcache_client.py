@@ -7,7 +7,7 @@
         arr = await sc.get_via_nixl(key, out=buffer)    # numpy uint8, or None on a miss
 
 Every call takes an optional request_id (sent as x-request-id) and a timeout. Reads verify the
-blake2b checksum the server returns (ChecksumError on a mismatch) unless verify=False.
+checksum (common.checksum) the server returns (ChecksumError on a mismatch) unless verify=False.
 Lives in common/ because router, combine and scatter all talk to segcache and services must
 not import each other.
 """
@@ -15,7 +15,6 @@ not import each other.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import uuid
 from typing import Any, Iterable, Sequence
@@ -23,22 +22,18 @@ from typing import Any, Iterable, Sequence
 import grpc
 import numpy as np
 
+from common.checksum import DIGEST_BYTES, checksum  # noqa: F401  (re-exported)
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlAgent, NixlUnavailable
 from common.rpc.server import channel_options
 from protos.hypic.v1 import segcache_pb2 as pb
 from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
 
-DIGEST_BYTES = 16
 DEFAULT_CHUNK = 1 << 20
 
 
 class ChecksumError(RuntimeError):
     """Bytes received from segcache do not match the entry's checksum."""
-
-
-def checksum(data: Any) -> bytes:
-    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=DIGEST_BYTES).digest()
 
 
 class SegcacheClient:

@@ -9,7 +9,6 @@ variable (HYPIC_COMBINE_*).
 from __future__ import annotations
 
 import asyncio
-import sys
 
 from common.engine import HybridEngine
 from common.rpc import service
@@ -57,4 +56,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())

@@ -28,7 +28,7 @@ from common.pic.entry import EntryMismatch, SegmentEntry
 from common.pic.seal import ForgedEntry, open_sealed, seal
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlUnavailable
-from common.rpc.segcache_client import ChecksumError, SegcacheClient, checksum
+from common.rpc.segcache_client import ChecksumError, SegcacheClient
 from common.rpc.server import channel_options
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import scatter_pb2 as spb
@@ -322,11 +322,11 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> A
             if info is not None and info.size >= ctx.cfg.nixl_min_bytes:
                 tier = TIER_NAMES.get(info.tier, "")
                 try:
-                    arr = await client.get_via_nixl(key, request_id=ctx.request_id,
+                    arr = await client.get_via_nixl(key, verify=False, request_id=ctx.request_id,
                                                     timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
                     if arr is None:
                         raise BadEntry("miss", "not cached")
-                    data, via_nixl = arr.tobytes(), True
+                    data, via_nixl = arr, True
                 except NixlUnavailable as e:
                     ctx.peers.nixl_broken(addr, str(e))
                 except (BadEntry, DeadlineExceeded, asyncio.CancelledError):
@@ -335,12 +335,12 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> A
                     m.FALLBACKS.labels("nixl", _reason(e)).inc()
                     log.warning("nixl read failed, trying gRPC", index=i, key=key, error=_describe(e))
         if data is None:
-            got = await client.get_with_info(key, request_id=ctx.request_id,
+            got = await client.get_with_info(key, verify=False, request_id=ctx.request_id,
                                              timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
             if got is None:
                 raise BadEntry("miss", "not cached")
             info, buf = got
-            data, tier = bytes(buf), TIER_NAMES.get(info.tier, "")
+            data, tier = buf, TIER_NAMES.get(info.tier, "")
         entry = await parse_entry(data, ctx, key, ids)
     except (asyncio.CancelledError, DeadlineExceeded):
         raise
@@ -400,9 +400,7 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
                 break  # everything is here: compose now, let the stream end in the background
         if header is None or n != header.size:
             raise BadEntry("short", f"stream ended after {n} of {header.size if header else '?'} bytes")
-        if header.checksum and checksum(buf) != header.checksum:
-            raise BadEntry("checksum", "bytes do not match the header's checksum")
-        entry = await parse_entry(bytes(buf), ctx, key, ids)
+        entry = await parse_entry(buf, ctx, key, ids)  # verified there, header.checksum not needed
     except (asyncio.CancelledError, DeadlineExceeded):
         if call is not None:
             call.cancel()

@@ -9,7 +9,6 @@ how tests and launchers learn an ephemeral port. `--help` lists every flag and i
 from __future__ import annotations
 
 import asyncio
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from common.rpc import service
@@ -41,14 +40,15 @@ class RouterService(service.Service):
         router_pb2_grpc.add_RouterServicer_to_server(self.servicer, server)
 
     async def started(self) -> None:
-        self.servicer.start_background()
+        await self.servicer.start_background()
 
     def port_info(self) -> dict:
         return {"fingerprint": self.model.fingerprint}
 
     def serving_info(self) -> dict:
         cfg = self.cfg
-        return {"segcache": cfg.segcache_address or None, "scatter": cfg.scatters, "combine": cfg.combines}
+        return {"segcache": cfg.segcache_address or None, "scatter": cfg.scatter_addresses,
+                "combine": cfg.combine_addresses}
 
     async def close(self) -> None:
         await self.servicer.close()
@@ -60,4 +60,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())

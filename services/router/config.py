@@ -1,8 +1,10 @@
 """RouterConfig: every knob of the router service.
 
 Flags are `--field-name`, environment variables `HYPIC_ROUTER_FIELD_NAME`; flag > env > default
-(common.rpc.config). Address lists are comma-separated:
-`--scatter-addresses 127.0.0.1:50071,127.0.0.1:50072`.
+(common.rpc.config). Address lists are comma-separated, `--scatter-addresses
+127.0.0.1:50071,127.0.0.1:50072`, or one DNS name whose every A/AAAA record is a member,
+`--scatter-addresses dns:///scatter:50071`, re-resolved every --discovery-refresh-s
+(common.rpc.discovery).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from common.rpc.config import ServiceConfig
+from common.rpc.discovery import Target, parse_target
 
 ENV_PREFIX = "HYPIC_ROUTER_"
 MiB = 1 << 20
@@ -21,10 +24,6 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def _h(text: str) -> dict:
     return {"help": text}
-
-
-def split_addresses(text: str) -> list[str]:
-    return [a.strip() for a in (text or "").split(",") if a.strip()]
 
 
 @dataclass
@@ -49,9 +48,13 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     segcache_address: str = field(default="", metadata=_h(
         "segcache host:port; empty = no cache (every segment is a miss, nothing stored)"))
     scatter_addresses: str = field(default="", metadata=_h(
-        "scatter worker host:port list, comma-separated; empty = misses are built on combine"))
+        "scatter workers: host:port list, comma-separated, or dns:///name:port (every record a "
+        "worker); empty (or no members) = misses are built on combine"))
     combine_addresses: str = field(default="127.0.0.1:50081", metadata=_h(
-        "combine host:port list, comma-separated (least loaded first, the next on UNAVAILABLE)"))
+        "combines: host:port list, comma-separated, or dns:///name:port (least loaded first, "
+        "the next on UNAVAILABLE)"))
+    discovery_refresh_s: float = field(default=2.0, metadata=_h(
+        "how often dns:/// address targets are re-resolved"))
     # --- limits --------------------------------------------------------------------------
     max_prompt_tokens: int = field(default=32768, metadata=_h("longest prompt (segments + query)"))
     max_segments: int = field(default=1024, metadata=_h("most segments in one request"))
@@ -82,8 +85,15 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
         if self.seam < 0:
             raise ValueError("seam must be >= 0")
         self.segcache_address = (self.segcache_address or "").strip()
-        if not self.combines:
+        for name in ("segcache_address", "scatter_addresses", "combine_addresses"):
+            try:
+                parse_target(getattr(self, name))
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+        if not self.combine_target.is_dns and not self.combines:
             raise ValueError("at least one combine address is needed (--combine-addresses)")
+        if not (self.discovery_refresh_s > 0 and math.isfinite(self.discovery_refresh_s)):
+            raise ValueError("discovery_refresh_s must be a finite number > 0")
         for name in ("max_prompt_tokens", "max_segments", "max_tokens_limit", "max_in_flight",
                      "tokenizer_threads"):
             if getattr(self, name) <= 0:
@@ -100,13 +110,21 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
 
     @property
     def scatters(self) -> list[str]:
-        """scatter_addresses as a list."""
-        return split_addresses(self.scatter_addresses)
+        """scatter_addresses as a list (a dns:/// target: [])."""
+        return list(self.scatter_target.static)
 
     @property
     def combines(self) -> list[str]:
-        """combine_addresses as a list."""
-        return split_addresses(self.combine_addresses)
+        """combine_addresses as a list (a dns:/// target: [])."""
+        return list(self.combine_target.static)
+
+    @property
+    def scatter_target(self) -> Target:
+        return parse_target(self.scatter_addresses)
+
+    @property
+    def combine_target(self) -> Target:
+        return parse_target(self.combine_addresses)
 
     @property
     def cost_prior(self) -> tuple[float, float, float]:

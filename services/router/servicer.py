@@ -24,6 +24,7 @@ from common import modes
 from common.fingerprint import segment_key
 from common.rpc.abort import Abort
 from common.rpc.checks import check_temperature
+from common.rpc.discovery import MemberSet
 from common.rpc.guard import internal_details
 from common.rpc.log import REQUEST_ID_KEY, sanitize_request_id
 from common.rpc.segcache_client import SegcacheClient
@@ -97,11 +98,16 @@ class RouterServicer(pb_grpc.RouterServicer):
         self.model = model
         self.executor = executor
         options = channel_options(cfg.max_message_bytes) + BACKOFF_OPTIONS
-        self.scatter_addresses = cfg.scatters
-        self.planner = Planner(len(self.scatter_addresses), CostModel(cfg.cost_prior))
+        self.planner = Planner(0, CostModel(cfg.cost_prior))
+        # Static lists are members from the start; dns:/// targets fill in at start_background.
         self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s)
-        self.scatters = ScatterPool(self.scatter_addresses, options, self.planner,
+        self.scatters = ScatterPool(cfg.scatters, options, self.planner,
                                     model.fingerprint, cfg.load_timeout_s)
+        self.discovery = [
+            MemberSet(cfg.scatter_target, refresh_s=cfg.discovery_refresh_s,
+                      listener=self.scatters.apply, what="scatter"),
+            MemberSet(cfg.combine_target, refresh_s=cfg.discovery_refresh_s,
+                      listener=self.combines.apply, what="combine")]
         self.segcache: SegcacheClient | None = None
         if cfg.segcache_address:
             ch = grpc.aio.insecure_channel(cfg.segcache_address, options=options)
@@ -112,8 +118,13 @@ class RouterServicer(pb_grpc.RouterServicer):
         self._publish_cost()
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    def start_background(self) -> None:
-        if self.scatter_addresses and self.cfg.load_poll_s > 0:
+    async def start_background(self) -> None:
+        """Resolve the members once (so the first request sees them), then keep them current."""
+        for ms in self.discovery:
+            if ms.target.is_dns:
+                await ms.refresh()
+                self._tasks.append(asyncio.create_task(ms.run()))
+        if self.cfg.scatter_addresses and self.cfg.load_poll_s > 0:
             self._tasks.append(asyncio.create_task(self.scatters.run(self.cfg.load_poll_s)))
 
     async def close(self) -> None:
@@ -132,7 +143,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             m.COST_COEF.labels(name).set(v)
 
     def _publish_loads(self) -> None:
-        for w, a in enumerate(self.scatter_addresses):
+        for w, a in enumerate(self.scatters.addresses):
             m.WORKER_LOAD.labels(a).set(self.planner.load(w))
 
     # ---- Info ----------------------------------------------------------------------------------
@@ -141,8 +152,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             model_type=self.model.model_type, model_fingerprint=self.model.fingerprint,
             vocab_size=self.model.vocab_size, seam=self.cfg.seam, dtype=self.cfg.dtype,
             max_prompt_tokens=self.cfg.max_prompt_tokens,
-            scatter_addresses=self.scatter_addresses,
-            combine_addresses=self.cfg.combines, segcache_address=self.cfg.segcache_address)
+            scatter_addresses=self.scatters.members,
+            combine_addresses=self.combines.addresses, segcache_address=self.cfg.segcache_address)
 
     # ---- Generate ------------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateEvent]:
@@ -297,7 +308,6 @@ class RouterServicer(pb_grpc.RouterServicer):
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
             seed=request.seed, return_logits=request.return_logits,
             stop_at_eos=stop_at_eos(request), top_p=request.top_p,
-            scatter_addresses=self.scatter_addresses,
             segcache_address=cfg.segcache_address if cached_modes else "",
             store_entries=bool(cfg.segcache_address) and cached_modes)
         if not cached_modes:
@@ -318,7 +328,12 @@ class RouterServicer(pb_grpc.RouterServicer):
         req.planned_misses = len(jobs)
         req.seam = seam
         assigned: dict[int, Any] = {}
-        if jobs and self.scatter_addresses:
+        # The plan names present members only (combine falls back along this list, and a member
+        # that left may be gone): planner index -> position in it.
+        slots = self.scatters.present_slots()
+        position = {w: k for k, w in enumerate(slots)}
+        plan.scatter_addresses.extend(self.scatters.addresses[w] for w in slots)
+        if jobs and slots and self.planner.up_workers():
             req.ticket = self.planner.assign(jobs)
             assigned = {a.index: a for a in req.ticket.assignments}
             self._publish_loads()
@@ -329,7 +344,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             elif i in assigned:
                 a = assigned[i]
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SCATTER,
-                                  worker=a.worker, est_cost_s=a.est_s)
+                                  worker=position.get(a.worker, 0), est_cost_s=a.est_s)
             else:
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_LOCAL,
                                   est_cost_s=self.planner.cost.predict(len(ids)))
@@ -467,8 +482,10 @@ class RouterServicer(pb_grpc.RouterServicer):
                     raise Abort(code, "deadline exceeded") from None
                 raise Abort(code, f"combine: {e.details()}") from None
             finally:
-                c.in_flight -= 1
+                self.combines.done(c)
                 call.cancel()
+        log.warning("no combine service available", combines=list(self.cfg.combine_addresses),
+                    last_error=last_error)
         raise Abort(grpc.StatusCode.UNAVAILABLE,
-                    f"no combine service available ({last_error or 'none configured'}; "
+                    f"no combine service available ({last_error or 'no combine member'}; "
                     f"request id {req.rid})")

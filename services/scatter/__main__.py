@@ -9,7 +9,7 @@ flag and its env variable (HYPIC_SCATTER_*).
 from __future__ import annotations
 
 import asyncio
-import sys
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 from common.engine import HybridEngine
@@ -38,7 +38,9 @@ class ScatterService(service.Service):
 
     def register(self, server, port: int) -> None:
         cfg = self.cfg
-        self.worker = cfg.worker or f"scatter@{format_address(cfg.host, port)}"
+        # Bound to every interface (a container, a pod): its host name tells replicas apart.
+        host = socket.gethostname() if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+        self.worker = cfg.worker or f"scatter@{format_address(host, port)}"
         self.segcache = (SegcacheClient(cfg.segcache_address, max_message_bytes=cfg.max_message_bytes,
                                         timeout_s=cfg.segcache_timeout_s)
                          if cfg.segcache_address else None)
@@ -63,4 +65,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import REGISTRY
@@ -87,4 +86,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())
