@@ -26,6 +26,8 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.checksum import DIGEST_BYTES
+from common.checksum import checksum as entry_checksum
 from common.engine import HybridEngine
 from common.pic import SegmentEntry, segment_key
 from common.pic.seal import open_sealed, seal
@@ -681,12 +683,13 @@ async def lookup_tiers(target: str, keys) -> list[int]:
 
 def rewritten_header(entry_bytes: bytes, token_ids) -> bytes:
     """Entry bytes whose header claims `token_ids` (the payload unchanged): the poisoning of #14.
-    The entry's own checksum covers only the payload, so this parses as a sound entry."""
+    The entry's own digest is unkeyed, so the forger recomputes it: this parses as a sound entry."""
     (n,) = struct.unpack("<I", entry_bytes[4:8])
     header = json.loads(entry_bytes[8:8 + n])
     header["token_ids"] = list(token_ids)
     hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    return entry_bytes[:4] + struct.pack("<I", len(hb)) + hb + entry_bytes[8 + n:]
+    body = entry_bytes[:4] + struct.pack("<I", len(hb)) + hb + entry_bytes[8 + n:-DIGEST_BYTES]
+    return body + entry_checksum(body)
 
 
 def test_forged_entries_are_never_an_answer_and_never_block_their_key(mesh, engine, fresh_seed):
