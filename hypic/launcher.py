@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import secrets
 import os
 import signal
 import subprocess
@@ -286,14 +287,29 @@ class Mesh:
     def __getitem__(self, name: str) -> Service:
         return self.services[name]
 
+    @property
+    def entry_key_file(self) -> Path:
+        """The mesh's entry secret (common/pic/seal.py), made once per data directory and kept, so
+        that entries cached by an earlier run still open; give it to an external combine too."""
+        path = self.data_dir / "entry.key"
+        if not path.exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"entry.key.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+            os.replace(tmp, path)
+        return path
+
     # ---- building each service ---------------------------------------------------------------------
     def service_args(self, kind: str, *, segcache: str = "", scatter: Sequence[str] = (),
                      combine: Sequence[str] = (), router: str = "") -> list[str]:
         """The flags (besides --host/--port/--port-file) a service of `kind` is started with."""
+        key = ["--entry-key-file", str(self.entry_key_file)]
         if kind == "segcache":
-            return ["--data-dir", str(self.data_dir / "segcache")]
+            return ["--data-dir", str(self.data_dir / "segcache"), *key]
         if kind in ("scatter", "combine"):
-            args = ["--model", str(self.model), "--dtype", self.dtype, "--device", self.device]
+            args = ["--model", str(self.model), "--dtype", self.dtype, "--device", self.device, *key]
             if self.threads:
                 args += ["--threads", str(self.threads)]
             return args + (["--segcache-address", segcache] if segcache else [])

@@ -394,11 +394,62 @@ def test_segment_key_is_stable_and_covers_every_field() -> None:
                                            temperature=float("nan"))),
     ("max_tokens over limit", pb.GenerateRequest(segments=[seg("a")], query=seg("q"),
                                                  max_tokens=100_000)),
+    ("denormal temperature", pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1,
+                                                temperature=1e-45)),
+    ("inf temperature", pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1,
+                                           temperature=float("inf"))),
 ])
 def test_invalid_arguments(mesh, name, req) -> None:
     code, details, dt = call(mesh["a"], req)
     assert code == grpc.StatusCode.INVALID_ARGUMENT, (name, code, details)
     assert dt < 2.0
+
+
+# Field 1, length-delimited, announcing 127 bytes that never come: no message decodes from it.
+UNDECODABLE = b"\x0a\x7f\x01"
+
+
+def test_undecodable_bytes_are_invalid_argument_on_router_and_segcache(mesh) -> None:
+    with grpc.insecure_channel(mesh["a"].address) as ch:
+        gen = ch.unary_stream("/hypic.v1.Router/Generate")
+        with pytest.raises(grpc.RpcError) as e:
+            list(gen(UNDECODABLE, timeout=10))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        assert ch.unary_unary("/hypic.v1.Router/Info")(b"", timeout=10)  # still serving
+    with grpc.insecure_channel(mesh["segcache"].address) as ch:
+        for method, kind in (("Lookup", "unary_unary"), ("Get", "unary_stream"), ("Put", "stream_unary"),
+                             ("Delete", "unary_unary"), ("Pin", "unary_unary")):
+            rpc = getattr(ch, kind)(f"/hypic.v1.Segcache/{method}")
+            arg = iter([UNDECODABLE]) if kind == "stream_unary" else UNDECODABLE
+            with pytest.raises(grpc.RpcError) as e:
+                out = rpc(arg, timeout=10)
+                if kind == "unary_stream":
+                    list(out)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, e.value.details())
+
+
+def test_client_messages_carry_no_addresses_and_request_ids_are_ascii(mesh) -> None:
+    """A non-ASCII request id is cleaned (not INTERNAL); the UNAVAILABLE answer names no internal
+    address (they are in the log, under the request id)."""
+    req = pb.GenerateRequest(segments=[seg(ids=[1, 2, 3])], query=seg(ids=[4]), max_tokens=1,
+                             request_id="r\u00e9q-\u2603-\x07id")
+    code, details, _ = call(mesh["a"], req, timeout=2.0)
+    assert code == grpc.StatusCode.UNAVAILABLE, details
+    assert "127.0.0.1" not in details and mesh["hole"] not in details
+    assert "rq--id" in details  # the cleaned id, to find the log lines by
+    assert wait_log(mesh["a"], "combine unavailable; trying the next", "rq--id")
+
+
+def test_invalid_modes_share_one_metric_label(mesh) -> None:
+    for mode in (9, 17, 1000, 2**31 - 1):
+        code, _, _ = call(mesh["a"], pb.GenerateRequest(segments=[seg("a")], query=seg("q"),
+                                                         max_tokens=1, mode=mode))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+    port = mesh["a"].info["metrics_port"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    modes = {line.split('mode="', 1)[1].split('"', 1)[0] for line in text.splitlines()
+             if line.startswith("hypic_router_requests_total{")}
+    assert "unknown" in modes and modes <= {"unknown", "full", "prefix", "additive", "hypic"}, modes
 
 
 def test_unreachable_combines_unavailable_within_deadline_and_lookup_hits_planned(mesh) -> None:

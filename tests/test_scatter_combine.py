@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,11 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.checksum import DIGEST_BYTES
+from common.checksum import checksum as entry_checksum
 from common.engine import HybridEngine
 from common.pic import SegmentEntry, segment_key
+from common.pic.seal import open_sealed, seal
 from common.rpc.nixl_util import load_nixl
 from common.rpc.segcache_client import SegcacheClient, checksum
 from protos.hypic.v1 import combine_pb2 as cpb
@@ -41,6 +45,9 @@ START_TIMEOUT_S = 120
 RPC_TIMEOUT_S = 60
 SEAM = 8
 N_TOKENS = 8
+# The entry secret scatter and combine share (segcache here is left without it: entries are
+# opaque bytes to it, so that combine's own checks are what is tested).
+SECRET = os.urandom(32).hex().encode()
 TOL = 1e-4
 
 pytestmark = pytest.mark.timeout(240)
@@ -145,6 +152,8 @@ def mesh(request, workdir):
     tmp = workdir / "mesh"
     tmp.mkdir()
     m = Mesh(tmp, None)
+    key_file = tmp / "entry.key"
+    key_file.write_bytes(SECRET)
     try:
         m.segcache = m.start("segcache", "services.segcache", "--data-dir", str(tmp / "segcache-data"),
                              "--host-bytes", "64MiB", "--disk-bytes", "256MiB", "--no-lmdb-sync",
@@ -153,11 +162,11 @@ def mesh(request, workdir):
         m.segcache.wait()
         # scatter and combine load the model at the same time
         m.scatter = m.start("scatter", "services.scatter", "--model", str(model_dir), "--threads", "1",
-                            "--segcache-address", m.segcache.target)
+                            "--segcache-address", m.segcache.target, "--entry-key-file", str(key_file))
         # combine: the default segcache (plans may leave it out), NIXL for every size of hit
         m.combine = m.start("combine", "services.combine", "--model", str(model_dir), "--threads", "1",
                             "--metrics-port", "0", "--segcache-address", m.segcache.target,
-                            "--nixl-min-bytes", "0")
+                            "--nixl-min-bytes", "0", "--entry-key-file", str(key_file))
         m.scatter.wait()
         m.combine.wait()
         yield m
@@ -300,11 +309,11 @@ def test_scatter_build_is_byte_identical_to_in_process(mesh, engine):
     segs, _ = prompt(1, (45,))
     header, data = arun(build(mesh.scatter.target, build_request(engine, segs[0], chunk_bytes=4096)))
     expected = engine.build_entry(segs[0], SEAM).to_bytes()
-    assert data == expected
+    assert data == seal(expected, SECRET)  # the entry, sealed with the mesh's secret
     assert header.size == len(data) and header.checksum == checksum(data)
     assert header.key == segment_key(engine.fingerprint, SEAM, "float32", segs[0])
     assert not header.shared and header.worker.startswith("scatter@") and header.build_s > 0
-    entry = SegmentEntry.from_bytes(data)
+    entry = SegmentEntry.from_bytes(bytes(open_sealed(data, header.key, SECRET)))
     assert entry.token_ids == segs[0] and entry.seam == SEAM and entry.model_fingerprint == engine.fingerprint
 
 
@@ -336,6 +345,42 @@ def test_scatter_single_flight_and_store(mesh, engine):
     builds = [line for line in mesh.scatter.log().splitlines()
               if '"event": "built"' in line and f'"key": "{h1.key}"' in line]
     assert len(builds) == 1, builds
+
+
+def test_builds_nobody_waits_for_are_dropped(mesh, engine):
+    """Callers that give up (deadline) on queued builds, store asked or not: those builds never
+    run and nothing is stored for them; the running one finishes; Load drains to zero."""
+    (blocker, *queued), _ = prompt(12, (8000, 200, 200, 200, 200, 200, 200))
+
+    async def run():
+        async with grpc.aio.insecure_channel(mesh.scatter.target) as ch:
+            stub = spb_grpc.ScatterStub(ch)
+            first = asyncio.create_task(build(mesh.scatter.target, build_request(engine, blocker)))
+            while (await stub.Load(spb.LoadRequest(), timeout=10)).in_flight < 1:
+                await asyncio.sleep(0.005)
+            reqs = [build_request(engine, ids, store=i % 2 == 0) for i, ids in enumerate(queued)]
+
+            async def give_up(req):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    async for _ in stub.Build(req, timeout=0.2):
+                        pass
+                assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await asyncio.gather(*(give_up(r) for r in reqs))
+            await first
+            for _ in range(200):
+                load = await stub.Load(spb.LoadRequest(), timeout=10)
+                if load.in_flight == 0:
+                    break
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        return reqs, load, await lookup_tiers(mesh.segcache.target, [r.key for r in reqs])
+
+    reqs, load, tiers = arun(run())
+    assert load.in_flight == 0 and load.queued_tokens == 0
+    assert tiers == [0] * len(reqs)  # none was built and stored
+    lines = [json.loads(x) for x in mesh.scatter.log().splitlines() if x.startswith("{")]
+    built = {d.get("key") for d in lines if d.get("event") == "built"}
+    assert built.isdisjoint(r.key for r in reqs)
 
 
 # ---- combine ------------------------------------------------------------------------------------
@@ -400,7 +445,8 @@ def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
     ref_logits, ref_tokens = reference(engine, segs, query)
     # the same model, always segment-major; it loads while the cold request runs
     seg_worker = mesh.start("combine-segment", "services.combine", "--model", str(model_dir),
-                            "--threads", "1", "--compose-order", "segment")
+                            "--threads", "1", "--compose-order", "segment",
+                            "--entry-key-file", str(mesh.tmp / "entry.key"))
     layer0, mixed0, segment0 = compositions(mesh.combine)
     cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER)))
     assert_matches(cold, ref_logits, ref_tokens, n)  # and every entry is now in segcache
@@ -541,14 +587,15 @@ asyncio.run(main())
 
 
 class WrongScatter(spb_grpc.ScatterServicer):
-    """A scatter worker that answers with a valid entry of other tokens."""
+    """A scatter worker that answers with a valid entry of other tokens, sealed with the mesh's
+    secret (a worker that has it, but a bug)."""
 
     def __init__(self, engine):
         self.engine, self.calls = engine, 0
 
     async def Build(self, request, context):
         self.calls += 1
-        data = self.engine.build_entry(list(request.token_ids)[:-1], request.seam).to_bytes()
+        data = seal(self.engine.build_entry(list(request.token_ids)[:-1], request.seam).to_bytes(), SECRET)
         header = spb.BuildHeader(key=request.key, size=len(data), worker="wrong", checksum=checksum(data))
         yield spb.BuildResponse(header=header, data=data)
 
@@ -587,7 +634,7 @@ def test_combine_falls_back_from_failing_scatter_workers(mesh, engine):
     assert ans.sources() == [cpb.SOURCE_LOCAL] * 2 and wrong_calls == 2
     assert dying.proc.wait(timeout=10) == 17  # it really died mid-stream
     log = mesh.combine.log()
-    assert '"reason": "mismatch"' in log and ('"reason": "short"' in log or '"reason": "unavailable"' in log)
+    assert '"reason": "forged"' in log and ('"reason": "short"' in log or '"reason": "unavailable"' in log)
 
     # the only scatter address is dead and so is segcache: built on the combine worker
     segs, query = prompt(11, (23, 17))
@@ -606,23 +653,84 @@ def test_combine_falls_back_when_segcache_fails(mesh, engine):
     ans = arun(execute(mesh.combine.target, plan))
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
     assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
-    # corrupt bytes and a valid entry of other tokens under the planned keys: both rebuilt
+    # corrupt bytes (sealed after the damage) and a sealed valid entry of other tokens under the
+    # planned keys: both rebuilt, and both dropped from segcache
     segs, query = prompt(8, (22, 37))
     ref_logits, ref_tokens = reference(engine, segs, query)
     keys = [segment_key(engine.fingerprint, SEAM, "float32", s) for s in segs]
-    other = engine.build_entry(segs[0][:10], SEAM).to_bytes()
+    other = seal(engine.build_entry(segs[0][:10], SEAM).to_bytes(), SECRET)
     bad = bytearray(engine.build_entry(segs[0], SEAM).to_bytes())
     bad[-5] ^= 0xFF
 
     async def put():
         async with SegcacheClient(mesh.segcache.target) as sc:
-            await sc.put(keys[0], bytes(bad))
+            await sc.put(keys[0], seal(bytes(bad), SECRET))
             await sc.put(keys[1], other)
     arun(put())
     plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE, store_entries=False)
     ans = arun(execute(mesh.combine.target, plan))
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
     assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
+    assert arun(lookup_tiers(mesh.segcache.target, keys)) == [0, 0]  # dropped
+    log = mesh.combine.log()
+    assert '"reason": "corrupt"' in log and '"reason": "forged"' in log
+
+
+async def lookup_tiers(target: str, keys) -> list[int]:
+    async with SegcacheClient(target) as sc:
+        return [e.tier for e in await sc.lookup(keys)]
+
+
+def rewritten_header(entry_bytes: bytes, token_ids) -> bytes:
+    """Entry bytes whose header claims `token_ids` (the payload unchanged): the poisoning of #14.
+    The entry's own digest is unkeyed, so the forger recomputes it: this parses as a sound entry."""
+    (n,) = struct.unpack("<I", entry_bytes[4:8])
+    header = json.loads(entry_bytes[8:8 + n])
+    header["token_ids"] = list(token_ids)
+    hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    body = entry_bytes[:4] + struct.pack("<I", len(hb)) + hb + entry_bytes[8 + n:-DIGEST_BYTES]
+    return body + entry_checksum(body)
+
+
+def test_forged_entries_are_never_an_answer_and_never_block_their_key(mesh, engine, fresh_seed):
+    """A document's entry with one fact changed, its header rewritten to the victim's tokens and
+    Put under the victim's key (unsealed, sealed with a guessed secret, and sealed without one):
+    the victim's answer stays its own, the forgery is dropped, and the rebuilt entry is stored."""
+    g = torch.Generator().manual_seed(fresh_seed)
+    victims = [torch.randint(1, 512, (30,), generator=g).tolist() for _ in range(3)]
+    query = torch.randint(0, 512, (4,), generator=g).tolist()
+    keys = [segment_key(engine.fingerprint, SEAM, "float32", v) for v in victims]
+    forged = []
+    for v in victims:
+        changed = list(v)
+        changed[7] = (changed[7] + 1) % 512  # the attacker's document: one fact differs
+        poison = rewritten_header(engine.build_entry(changed, SEAM).to_bytes(), v)
+        assert SegmentEntry.from_bytes(poison).token_ids == v  # it would pass every old check
+        forged.append(poison)
+    forged = [forged[0], seal(forged[1], os.urandom(32)), seal(forged[2], b"")]
+
+    async def put():
+        async with SegcacheClient(mesh.segcache.target) as sc:
+            for k, data in zip(keys, forged):
+                assert (await sc.put(k, data)).created
+    arun(put())
+    for i, v in enumerate(victims):
+        ref_logits, ref_tokens = reference(engine, [v], query)
+        plan = make_plan(engine, mesh, [v], query, cpb.SOURCE_SEGCACHE)
+        ans = arun(execute(mesh.combine.target, plan))
+        assert_matches(ans, ref_logits, ref_tokens, 1)
+        assert ans.sources() == [cpb.SOURCE_SCATTER], i
+    # The forgeries are gone and the scatter's rebuilds took their keys: sealed, the victims' own.
+    async def stored() -> list[bytes]:
+        async with SegcacheClient(mesh.segcache.target) as sc:
+            return [await sc.get(k) for k in keys]
+    for k, v, data in zip(keys, victims, arun(stored())):
+        assert data is not None, "the rebuilt entry was not stored: the key stayed blocked"
+        assert SegmentEntry.from_bytes(bytes(open_sealed(data, k, SECRET))).token_ids == v
+    port = mesh.combine.info["metrics_port"]
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    dropped = [line for line in text.splitlines() if line.startswith('combine_entries_dropped_total{reason="forged"}')]
+    assert dropped and float(dropped[0].split()[-1]) >= 3, dropped
 
 
 def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
@@ -652,6 +760,8 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
         "fingerprint": (plan(model_fingerprint="0" * 32), grpc.StatusCode.FAILED_PRECONDITION),
         "dtype": (plan(dtype="bfloat16"), grpc.StatusCode.FAILED_PRECONDITION),
         "unknown mode": (plan(mode=9), grpc.StatusCode.INVALID_ARGUMENT),
+        "seam 2^31": (plan(seam=2**31), grpc.StatusCode.INVALID_ARGUMENT),
+        "denormal temperature": (plan(temperature=1e-45), grpc.StatusCode.INVALID_ARGUMENT),
     }
 
     async def code_of(coro):
@@ -675,6 +785,9 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
             "scatter fingerprint": (spb.BuildRequest(key=segment_key("f" * 32, SEAM, "float32", ids),
                                                      token_ids=ids, seam=SEAM, model_fingerprint="f" * 32,
                                                      dtype="float32"), grpc.StatusCode.FAILED_PRECONDITION),
+            "scatter seam 2^31": (spb.BuildRequest(key="00" * 20, token_ids=ids, seam=2**31,
+                                                   model_fingerprint=engine.fingerprint, dtype="float32"),
+                                  grpc.StatusCode.INVALID_ARGUMENT),
         }
         for name, (req, want) in bad_builds.items():
             got[name] = await code_of(build(mesh.scatter.target, req))

@@ -61,9 +61,15 @@ def request_id_from_metadata(metadata: Iterable[tuple[str, Any]] | None) -> str:
     """The caller's x-request-id (sanitised, at most 64 chars), or a fresh id."""
     for k, v in metadata or ():
         if k == REQUEST_ID_KEY:
-            if isinstance(v, bytes):
-                v = v.decode("ascii", "replace")
-            v = "".join(c for c in str(v) if c.isprintable())[:64]
+            v = sanitize_request_id(v)
             if v:
                 return v
     return new_request_id()
+
+
+def sanitize_request_id(value: Any) -> str:
+    """A caller's request id as Hypic may log it and pass on in metadata: printable ASCII only
+    (gRPC metadata values must be ASCII), at most 64 characters; "" when nothing is left."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    return "".join(c for c in str(value) if " " <= c <= "~")[:64]

@@ -28,6 +28,7 @@ import structlog
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.rpc.guard import GuardInterceptor
 from common.rpc.log import request_id_from_metadata
 from common.rpc.metrics import RPC_LATENCY, RPC_TOTAL
 
@@ -145,7 +146,7 @@ def build_server(service: str, *, host: str = DEFAULT_HOST, port: int = 0,
         # A second process must not silently share the port (grpc enables SO_REUSEPORT).
         ("grpc.so_reuseport", 0),
     ] + list(options)
-    server = grpc.aio.server(interceptors=[ObservabilityInterceptor(service), *interceptors],
+    server = grpc.aio.server(interceptors=[ObservabilityInterceptor(service), GuardInterceptor(), *interceptors],
                              options=opts)
     health = grpc_health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)

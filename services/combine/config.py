@@ -68,6 +68,10 @@ class CombineConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
         "for them (no lease round trips, no registration)"))
     store_local_builds: bool = field(default=True, metadata=_h(
         "Put segments this worker built itself into segcache when the plan says store_entries"))
+    entry_key_file: Optional[Path] = field(default=None, metadata=_h(
+        "file holding the mesh's entry secret (the same for segcache, scatter and combine): entries "
+        "are sealed with it and refused unless they open under it (common/pic/seal.py); none = an "
+        "unkeyed seal, which binds an entry's header to its tensors but does not stop forgery"))
 
     # --- authorisation (docs/security.md) ---------------------------------------------------
     write_token: Optional[str] = write_token_field("sent with every segcache write (segcache's --write-token)")

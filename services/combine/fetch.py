@@ -26,6 +26,7 @@ import structlog
 from common.engine import HybridEngine
 from common.pic.entry import EntryMismatch, SegmentEntry
 from common.rpc.auth import read_secret
+from common.pic.seal import ForgedEntry, open_sealed, seal
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlUnavailable
 from common.rpc.segcache_client import ChecksumError, SegcacheClient
@@ -211,6 +212,7 @@ class RequestCtx:
     segcache_address: str | None
     store: bool
     segcache_keys: list[str]  # keys planned as hits (for one tier Lookup on the NIXL path)
+    secret: bytes = b""  # the mesh's entry secret (common/pic/seal.py)
     background: list[asyncio.Task] = field(default_factory=list)  # drains and stores
     _lookup: asyncio.Task | None = None
 
@@ -243,16 +245,41 @@ def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
         raise BadEntry("mismatch", str(e)) from None
 
 
-async def parse_entry(data: Any, ctx: RequestCtx, ids: list[int]) -> SegmentEntry:
-    """data: a buffer this request owns (the entry's tensors view it, no copy). from_bytes checks
-    the entry's own digest over every byte: the one integrity check of the hit path, so the
-    segcache and scatter reads below skip the transport's checksum (verify=False)."""
+def _open_and_parse(sealed: bytes, key: str, secret: bytes) -> SegmentEntry:
     try:
-        entry = await asyncio.to_thread(SegmentEntry.from_bytes, data)
+        inner = open_sealed(sealed, key, secret)
+    except ForgedEntry as e:
+        raise BadEntry("forged", str(e)) from None
+    try:
+        return SegmentEntry.from_bytes(bytes(inner))
     except Exception as e:  # EntryError (magic, version, checksum) or any malformed byte
         raise BadEntry("corrupt", f"{type(e).__name__}: {e}") from None
+
+
+async def parse_entry(data: bytes, ctx: RequestCtx, key: str, ids: list[int]) -> SegmentEntry:
+    """The entry in sealed bytes that arrived for segment `key`: its seal opens under the mesh's
+    secret, its header names `key`, and it fits the plan; BadEntry otherwise."""
+    entry = await asyncio.to_thread(_open_and_parse, data, key, ctx.secret)
     check_entry(entry, ctx, ids)
     return entry
+
+
+# Reasons an entry from segcache is dropped there: it would fail everyone who reads it.
+DROP_REASONS = ("forged", "corrupt", "mismatch")
+
+
+async def drop_from_segcache(ctx: RequestCtx, client: SegcacheClient, key: str, reason: str) -> None:
+    """Delete a rejected entry from segcache, before the segment is rebuilt (whose store then
+    finds the key free): a bad entry never blocks its key. Best effort, briefly."""
+    m.DROPPED.labels(reason).inc()
+    try:
+        await client.delete([key], request_id=ctx.request_id, timeout=ctx.deadline.left(1.0))
+        log.warning("rejected entry dropped from segcache", key=key, reason=reason)
+    except DeadlineExceeded:
+        raise
+    except Exception as e:
+        log.warning("could not drop a rejected entry from segcache", key=key, reason=reason,
+                    error=_describe(e))
 
 
 def _reason(e: BaseException) -> str:
@@ -317,11 +344,13 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> A
                 raise BadEntry("miss", "not cached")
             info, buf = got
             data, tier = buf, TIER_NAMES.get(info.tier, "")
-        entry = await parse_entry(data, ctx, ids)
+        entry = await parse_entry(data, ctx, key, ids)
     except (asyncio.CancelledError, DeadlineExceeded):
         raise
     except Exception as e:
         reason = _reason(e)
+        if reason in DROP_REASONS:
+            await drop_from_segcache(ctx, client, key, reason)
         m.FALLBACKS.labels("segcache", reason).inc()
         (log.info if reason == "miss" else log.warning)(
             "segcache fetch failed, rebuilding", index=i, key=key, segcache=addr, reason=reason,
@@ -374,7 +403,7 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
                 break  # everything is here: compose now, let the stream end in the background
         if header is None or n != header.size:
             raise BadEntry("short", f"stream ended after {n} of {header.size if header else '?'} bytes")
-        entry = await parse_entry(buf, ctx, ids)  # verified there, header.checksum not needed
+        entry = await parse_entry(buf, ctx, key, ids)  # verified there, header.checksum not needed
     except (asyncio.CancelledError, DeadlineExceeded):
         if call is not None:
             call.cancel()
@@ -403,7 +432,7 @@ def _timed_build(engine, ids: list[int], seam: int) -> tuple[SegmentEntry, float
 
 async def _store(ctx: RequestCtx, key: str, entry: SegmentEntry, build_s: float) -> None:
     try:
-        data = await asyncio.to_thread(entry.to_bytes)
+        data = await asyncio.to_thread(lambda: seal(entry.to_bytes(), ctx.secret))
         _, client = ctx.peers.segcache(ctx.segcache_address)  # type: ignore[arg-type]
         await client.put(key, data, recompute_cost_s=build_s, token_count=entry.n_tokens,
                          model_fingerprint=entry.model_fingerprint, request_id=ctx.request_id,

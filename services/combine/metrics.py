@@ -25,6 +25,9 @@ FALLBACKS = Counter("combine_fallbacks", "Fetches or builds that failed and were
 # order: segment (each segment once it and those before it are in hand) | layer (one layer-major
 # pass once every entry is in) | mixed (one layer-major pass over the plan's leading run of hits,
 # then segment by segment); hypic and additive requests only.
+# reason: forged (seal or identity), corrupt (does not parse), mismatch (does not fit the model).
+DROPPED = Counter("combine_entries_dropped", "Entries from segcache refused and deleted there",
+                  ["reason"])
 COMPOSITIONS = Counter("combine_compositions", "Prompt states composed from entries, by order",
                        ["order"])
 REQUESTS = Counter("combine_requests", "Execute calls by mode and outcome", ["mode", "outcome"])

@@ -27,9 +27,11 @@ from common import modes
 from common.engine import HybridEngine, pick_token  # the sampler engine.generate uses
 from common.pic import compose_segment, prefill_layer_major, prefill_segments
 from common.pic.entry import dtype_name
+from common.pic.seal import load_secret
 from common.rpc.abort import Abort
-from common.rpc.checks import check_model, expected_key
-from common.rpc.log import new_request_id
+from common.rpc.checks import check_model, check_seam, check_temperature, expected_key
+from common.rpc.guard import internal_details
+from common.rpc.log import new_request_id, sanitize_request_id
 from protos.hypic.v1 import combine_pb2 as pb
 from protos.hypic.v1 import combine_pb2_grpc as pb_grpc
 from protos.hypic.v1 import router_pb2 as rpb
@@ -110,6 +112,7 @@ class CombineServicer(pb_grpc.CombineServicer):
         self.cfg = cfg
         self.engine = engine
         self.dtype = dtype_name(engine.dtype)
+        self.secret = load_secret(cfg.entry_key_file)
         self.eos = eos_token_ids(engine, cfg.model)  # type: ignore[arg-type]
         self.peers = Peers(cfg)
         self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="combine-engine")
@@ -156,8 +159,8 @@ class CombineServicer(pb_grpc.CombineServicer):
             raise Abort.invalid("max_tokens must be > 0")
         if plan.max_tokens > self.cfg.max_new_tokens:
             raise Abort.invalid(f"max_tokens {plan.max_tokens} > {self.cfg.max_new_tokens}")
-        if not (math.isfinite(plan.temperature) and plan.temperature >= 0):
-            raise Abort.invalid("temperature must be a finite number >= 0")
+        check_temperature(plan.temperature)
+        check_seam(plan.seam)
         if not (math.isfinite(plan.top_p) and 0 <= plan.top_p <= 1):
             raise Abort.invalid("top_p must be in [0, 1]")
         total = sum(len(s.token_ids) for s in plan.segments) + len(plan.query)
@@ -188,7 +191,8 @@ class CombineServicer(pb_grpc.CombineServicer):
             scatter_addresses=list(plan.scatter_addresses),
             segcache_address=plan.segcache_address or self.cfg.segcache_address,
             store=plan.store_entries,
-            segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == pb.SOURCE_SEGCACHE])
+            segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == pb.SOURCE_SEGCACHE],
+            secret=self.secret)
         timings = rpb.Timings(segments=len(segs), prompt_tokens=sum(len(s) for s in segs) + len(query))
         order, lead = self._compose_order(mode, plan)
         return _Execution(plan=plan, mode=mode, segs=segs, keys=keys, query=query, ctx=ctx,
@@ -203,7 +207,7 @@ class CombineServicer(pb_grpc.CombineServicer):
     async def Execute(self, plan: pb.Plan, context):
         """Run a plan (docs/combine.md): its events, or a status. The stages are in _run."""
         t_start = time.perf_counter()
-        rid = plan.request_id or structlog.contextvars.get_contextvars().get("request_id") or new_request_id()
+        rid = sanitize_request_id(plan.request_id) or structlog.contextvars.get_contextvars().get("request_id") or new_request_id()
         structlog.contextvars.bind_contextvars(request_id=rid)
         try:
             ex = self._start(plan, rid, t_start, context)
@@ -231,8 +235,8 @@ class CombineServicer(pb_grpc.CombineServicer):
         except Abort as e:
             await e.send(context)
         except Exception as e:  # a bug or a model error: say so, keep serving
-            log.exception("execute failed")
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+            log.exception("execute failed", error=f"{type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INTERNAL, internal_details())
         finally:
             for t in [*ex.tasks, *ex.ctx.background]:
                 if not t.done():

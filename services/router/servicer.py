@@ -23,8 +23,10 @@ import structlog
 from common import modes
 from common.fingerprint import segment_key
 from common.rpc.abort import Abort
+from common.rpc.checks import check_temperature
 from common.rpc.discovery import MemberSet
-from common.rpc.log import REQUEST_ID_KEY
+from common.rpc.guard import internal_details
+from common.rpc.log import REQUEST_ID_KEY, sanitize_request_id
 from common.rpc.segcache_client import SegcacheClient
 from common.rpc.tls import open_channel
 from common.rpc.server import channel_options
@@ -57,10 +59,6 @@ def stop_at_eos(request: pb.GenerateRequest) -> bool:
     return request.stop_at_eos if request.HasField("stop_at_eos") else True
 
 
-def _sanitize_id(text: str) -> str:
-    return "".join(c for c in text if c.isprintable())[:64]
-
-
 # ---- per-request state ----------------------------------------------------------------------
 
 @dataclass
@@ -89,7 +87,7 @@ class _Request:
         try:
             return modes.from_wire(self.mode)
         except ValueError:
-            return str(self.mode)
+            return "unknown"  # metric labels come from a closed set
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
@@ -161,7 +159,7 @@ class RouterServicer(pb_grpc.RouterServicer):
     # ---- Generate ------------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateEvent]:
         t0 = time.perf_counter()
-        rid = _sanitize_id(request.request_id) or \
+        rid = sanitize_request_id(request.request_id) or \
             structlog.contextvars.get_contextvars().get("request_id") or ""
         structlog.contextvars.bind_contextvars(request_id=rid)
         remaining = context.time_remaining()
@@ -192,8 +190,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             raise
         except Exception as e:
             code = "INTERNAL"
-            log.exception("internal error", error=str(e))
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}")
+            log.exception("internal error", error=f"{type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INTERNAL, internal_details())
         finally:
             self.in_flight -= 1
             m.IN_FLIGHT.set(self.in_flight)
@@ -219,8 +217,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             raise Abort(bad, "max_tokens must be > 0")
         if request.max_tokens > cfg.max_tokens_limit:
             raise Abort(bad, f"max_tokens {request.max_tokens} over the limit {cfg.max_tokens_limit}")
-        if not (math.isfinite(request.temperature) and request.temperature >= 0):
-            raise Abort(bad, "temperature must be a finite number >= 0")
+        check_temperature(request.temperature)
         if not (math.isfinite(request.top_p) and 0 <= request.top_p <= 1):
             raise Abort(bad, "top_p must be in [0, 1]")
         parts = list(request.segments) + [request.query]
@@ -475,15 +472,21 @@ class RouterServicer(pb_grpc.RouterServicer):
                 if unreachable and req.tokens_sent == 0:
                     self.combines.failed(c)
                     m.COMBINE_FAILOVERS.labels(c.address).inc()
-                    last_error = f"{c.address}: {code.name} {e.details() or ''}".strip()
+                    last_error = code.name
                     log.warning("combine unavailable; trying the next", combine=c.address,
                                 code=code.name, details=e.details())
                     continue
+                # Addresses stay in the log; the client gets the status and combine's message
+                # (combine's messages name no address or exception text either).
+                log.warning("combine failed", combine=c.address, code=code.name, details=e.details())
                 if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise Abort(code, f"deadline exceeded (combine {c.address})") from None
-                raise Abort(code, f"combine {c.address}: {e.details()}") from None
+                    raise Abort(code, "deadline exceeded") from None
+                raise Abort(code, f"combine: {e.details()}") from None
             finally:
                 self.combines.done(c)
                 call.cancel()
-        raise Abort(grpc.StatusCode.UNAVAILABLE, f"no combine service available ("
-                    f"{last_error or 'no member in ' + repr(self.cfg.combine_addresses)})")
+        log.warning("no combine service available", combines=list(self.cfg.combine_addresses),
+                    last_error=last_error)
+        raise Abort(grpc.StatusCode.UNAVAILABLE,
+                    f"no combine service available ({last_error or 'no combine member'}; "
+                    f"request id {req.rid})")

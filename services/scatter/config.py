@@ -48,6 +48,10 @@ class ScatterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
     segcache_address: Optional[str] = field(default=None, metadata=_h(
         "segcache host:port where built entries are stored (store=true); empty = never store"))
     segcache_timeout_s: float = field(default=30.0, metadata=_h("timeout of one segcache Put"))
+    entry_key_file: Optional[Path] = field(default=None, metadata=_h(
+        "file holding the mesh's entry secret (the same for segcache, scatter and combine): entries "
+        "are sealed with it and refused unless they open under it (common/pic/seal.py); none = an "
+        "unkeyed seal, which binds an entry's header to its tensors but does not stop forgery"))
 
     # --- authorisation (docs/security.md) ---------------------------------------------------
     write_token: Optional[str] = write_token_field("sent with every segcache write (segcache's --write-token)")

@@ -8,6 +8,7 @@ tests and launchers learn an ephemeral port. `--help` lists every flag and its e
 from __future__ import annotations
 
 import asyncio
+import ctypes
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import REGISTRY
@@ -23,6 +24,22 @@ from services.segcache.servicer import SERVICE_NAME, SegcacheServicer
 from services.segcache.store import SegmentStore
 
 
+M_ARENA_MAX, M_MMAP_THRESHOLD = -8, -3  # glibc mallopt parameters
+
+
+def return_freed_buffers_to_the_os() -> None:
+    """glibc raises its mmap threshold each time a large block is freed, then serves later large
+    blocks (upload buffers, message bytes) from heap arenas that seldom shrink: segcache kept
+    hundreds of MiB after uploads ended (issue 14). A fixed threshold keeps blocks of 256 KiB and
+    more in their own mappings, unmapped on free; two arenas bound per-thread fragmentation."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 256 << 10)
+        libc.mallopt(M_ARENA_MAX, 2)
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
 class SegcacheService(service.Service):
     name = "segcache"
     grpc_service = SERVICE_NAME
@@ -31,6 +48,7 @@ class SegcacheService(service.Service):
     async def prepare(self) -> None:
         cfg = self.cfg
         self.nixl_devices = restrict_nixl_to_host(cfg.host)  # before the first NIXL agent
+        return_freed_buffers_to_the_os()
         self.executor = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="segcache-io")
         self.store = SegmentStore(cfg)
         self.leases = LeaseManager(self.store, enabled=cfg.nixl, backend=cfg.nixl_backend,

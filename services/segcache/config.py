@@ -38,8 +38,17 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
     max_lookup_keys: int = field(default=4096, metadata=_h("most keys in one Lookup/Delete/Pin"))
     grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
     io_threads: int = field(default=4, metadata=_h("threads for LMDB and copies"))
+    upload_budget_bytes: int = field(default=0, metadata=_h(
+        "bytes the Puts in progress may reserve together (each its declared size, on its header); "
+        "a Put beyond it is refused with RESOURCE_EXHAUSTED; 0 = the entry limit"))
+    upload_idle_timeout_s: float = field(default=30.0, metadata=_h(
+        "a Put that sends nothing for this long is ended (DEADLINE_EXCEEDED) and its memory freed"))
     # --- tiers ---------------------------------------------------------------------------
     data_dir: Path = field(default=Path("segcache-data"), metadata=_h("LMDB directory"))
+    entry_key_file: Optional[Path] = field(default=None, metadata=_h(
+        "file holding the mesh's entry secret: when given, a Put must be a sealed entry that opens "
+        "under it and whose header names its key (common/pic/seal.py), else INVALID_ARGUMENT; "
+        "none = entries are opaque bytes"))
     device_bytes: int = field(default=0, metadata=_h("tier 0 budget (GPU memory); 0 = off; "
                                                       "used only when CUDA is available"))
     device_index: int = field(default=0, metadata=_h("CUDA device of tier 0"))
@@ -85,6 +94,10 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
             raise ValueError("max_key_bytes must be in 1..511")
         if self.io_threads < 1:
             raise ValueError("io_threads must be >= 1")
+        if self.upload_budget_bytes < 0:
+            raise ValueError("upload_budget_bytes must be >= 0")
+        if not (self.upload_idle_timeout_s > 0 and math.isfinite(self.upload_idle_timeout_s)):
+            raise ValueError("upload_idle_timeout_s must be > 0")
         if not (self.lease_ttl_s > 0 and math.isfinite(self.lease_ttl_s)):
             raise ValueError("lease_ttl_s must be > 0")
 
@@ -97,6 +110,11 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
         if self.max_entry_bytes > 0:
             limits.append(self.max_entry_bytes)
         return min(limits)
+
+    @property
+    def upload_budget(self) -> int:
+        """Bytes all Puts in progress may hold together."""
+        return self.upload_budget_bytes or self.entry_limit
 
     @property
     def map_size(self) -> int:

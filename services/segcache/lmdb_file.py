@@ -2,13 +2,17 @@
 
 LMDB holds two databases, written in one transaction per commit:
   data: key -> 32-byte header (magic "HSC1", version, payload length, XXH3-128 digest, common/checksum.py) + payload
-  meta: key -> size, recompute cost, token count, pin flag, digest, model fingerprint
-The index is rebuilt from `meta` at start (`LmdbFile.load_index`). Bytes read back are verified
-against the header and the meta digest; a mismatch raises CorruptEntry.
+  meta: key -> size, recompute cost, token count, pin flag, digest, model fingerprint, and (format
+        2) a blake2b-64 of the key and all of that, so that a damaged record is dropped alone
+        instead of being believed (a flipped size bit once drove the eviction of 42 good entries)
+The index is rebuilt from `meta` at start (`LmdbFile.open_checked`). Bytes read back are verified
+against the header and the meta digest; a mismatch, or any LMDB error on read, raises CorruptEntry.
+A damaged file at start is moved aside (lmdb_check.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import queue
 import struct
@@ -20,6 +24,7 @@ import numpy as np
 import structlog
 
 from services.segcache.config import SegcacheConfig
+from services.segcache.lmdb_check import damage, move_aside
 from services.segcache.records import HEADER_BYTES, CacheFull, CorruptEntry, Entry, checksum
 
 MAGIC = b"HSC1"
@@ -30,23 +35,39 @@ assert HEADER.size == HEADER_BYTES
 # version, flags (bit 0: pinned), pad, token count, size, recompute cost, digest; fingerprint follows
 META = struct.Struct("<BBxxIQd16s")
 META_PINNED = 1
+META_VERSION = 2  # format 1 records (no checksum) are still read
+META_DIGEST_BYTES = 8
 
 log = structlog.get_logger("segcache.store")
 
 
 # ---- the on-disk format -------------------------------------------------------------------
+def _meta_digest(key: str, body: bytes) -> bytes:
+    return hashlib.blake2b(key.encode() + b"\0" + body, digest_size=META_DIGEST_BYTES).digest()
+
+
 def encode_meta(e: Entry) -> bytes:
     flags = META_PINNED if e.pinned else 0
-    return META.pack(FORMAT_VERSION, flags, e.tokens, e.size, e.cost, e.digest) + e.fingerprint.encode()
+    body = META.pack(META_VERSION, flags, e.tokens, e.size, e.cost, e.digest) + e.fingerprint.encode()
+    return body + _meta_digest(e.key, body)
 
 
 def decode_meta(key: str, raw: bytes) -> Entry:
+    raw = bytes(raw)
     if len(raw) < META.size:
         raise CorruptEntry("short meta record")
     version, flags, tokens, size, cost, digest = META.unpack_from(raw)
-    if version != FORMAT_VERSION or size <= 0 or not math.isfinite(cost):
+    if version == META_VERSION:
+        body, check = raw[:-META_DIGEST_BYTES], raw[-META_DIGEST_BYTES:]
+        if len(body) < META.size or _meta_digest(key, body) != check:
+            raise CorruptEntry("meta record checksum mismatch")
+    elif version == FORMAT_VERSION:
+        body = raw  # written before records had a checksum
+    else:
+        raise CorruptEntry(f"meta record version {version}")
+    if size <= 0 or not math.isfinite(cost) or cost < 0 or flags & ~META_PINNED:
         raise CorruptEntry("bad meta record")
-    fp = bytes(raw[META.size:]).decode("utf-8")
+    fp = body[META.size:].decode("utf-8")
     return Entry(key=key, size=size, cost=cost, tokens=tokens, fingerprint=fp, digest=digest,
                  pinned=bool(flags & META_PINNED), on_disk=True)
 
@@ -94,6 +115,26 @@ class LmdbFile:
         self.data_db = self.env.open_db(b"data")
         self.meta_db = self.env.open_db(b"meta")
 
+    @classmethod
+    def open_checked(cls, cfg: SegcacheConfig) -> tuple["LmdbFile", list[Entry], int]:
+        """The store's file and its index (`load_index`). A damaged file (lmdb_check.damage, an
+        environment LMDB refuses, an index it cannot read) is moved aside and an empty one opened."""
+        reason = damage(cfg.data_dir)
+        if reason is None:
+            try:
+                f = cls(cfg)
+            except lmdb.Error as e:
+                reason = f"LMDB refused it: {type(e).__name__}: {e}"
+            else:
+                try:
+                    return (f, *f.load_index())
+                except lmdb.Error as e:
+                    f.close()
+                    reason = f"its index cannot be read: {type(e).__name__}: {e}"
+        move_aside(cfg.data_dir, reason)
+        f = cls(cfg)
+        return (f, *f.load_index())
+
     def load_index(self) -> tuple[list[Entry], int]:
         """(every readable entry, the number of unreadable meta records). Unreadable records and
         data values without a meta record are deleted."""
@@ -103,6 +144,8 @@ class LmdbFile:
             for kb, raw in txn.cursor(db=self.meta_db):
                 try:
                     e = decode_meta(kb.decode("utf-8"), raw)
+                    if e.stored_len > self.map_size:
+                        raise CorruptEntry("size beyond the map")
                 except (CorruptEntry, UnicodeDecodeError, struct.error):
                     bad.append(bytes(kb))
                     continue
@@ -139,12 +182,24 @@ class LmdbFile:
             raise CacheFull(f"LMDB map full ({self.map_size} bytes); raise lmdb_map_bytes") from exc
 
     def read(self, e: Entry) -> np.ndarray:
-        """e's payload, verified (CorruptEntry otherwise)."""
-        with self.env.begin(db=self.data_db, buffers=True) as txn:
-            buf = txn.get(e.key.encode())
-            if buf is None:
-                raise CorruptEntry("value missing")
-            return decode_value(buf, e.size, e.digest)
+        """e's payload, verified (CorruptEntry otherwise, also for any LMDB error)."""
+        try:
+            with self.env.begin(db=self.data_db, buffers=True) as txn:
+                buf = txn.get(e.key.encode())
+                if buf is None:
+                    raise CorruptEntry("value missing")
+                return decode_value(buf, e.size, e.digest)
+        except lmdb.Error as exc:
+            raise CorruptEntry(f"LMDB: {type(exc).__name__}: {exc}") from None
+
+    def delete_quietly(self, entries: Sequence[Entry]) -> None:
+        """Delete damaged entries; an LMDB error here (the damage itself) is logged, not raised:
+        they are gone from the index already."""
+        try:
+            self.commit(deletes=entries)
+        except (lmdb.Error, CacheFull) as exc:
+            log.error("could not delete damaged entries from LMDB", keys=[e.key for e in entries],
+                      error=f"{type(exc).__name__}: {exc}")
 
     def close(self) -> None:
         self.env.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
+from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -45,3 +46,8 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("segcache_leases_active", "Open NIXL leases", value=self.leases_active())
         yield GaugeMetricFamily("segcache_pending_writes", "Write-behind entries not yet in LMDB",
                                 value=s["pending_writes"])
+
+
+# reason: forged (not a sealed entry for its key), budget (in-flight upload bytes over budget),
+# stalled (an upload that stopped sending). Counted where they happen, not read from the store.
+REFUSED = Counter("segcache_puts_refused", "Puts refused before anything was stored", ["reason"])

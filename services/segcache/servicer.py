@@ -12,12 +12,17 @@ import grpc
 import numpy as np
 import structlog
 
+from common.pic.seal import ForgedEntry, load_secret, open_sealed
 from common.rpc.abort import Abort
+from common.rpc.checks import stream_chunk
+from common.rpc.guard import internal_details
 from common.rpc.nixl_util import NixlUnavailable
 from protos.hypic.v1 import segcache_pb2 as pb
 from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
+from services.segcache import metrics as m
 from services.segcache.config import SegcacheConfig
 from services.segcache.nixl_agent import LeaseManager
+from services.segcache.uploads import UploadBudget, paced
 from services.segcache.store import EntryInfo, SegcacheError, SegmentStore
 
 log = structlog.get_logger("segcache.servicer")
@@ -43,6 +48,9 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         self.store = store
         self.leases = leases
         self.executor = executor
+        self.uploads = UploadBudget(cfg.upload_budget)
+        # With the mesh's entry secret, only entries that open under it are stored (seal.py).
+        self.secret = load_secret(cfg.entry_key_file) if cfg.entry_key_file else None
 
     # ---- helpers ----------------------------------------------------------------------------
     async def _io(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -67,12 +75,24 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             raise Abort.invalid(f"{len(keys)} keys; at most {self.cfg.max_lookup_keys} per call")
         return [self._key(k) for k in keys]
 
+    async def _check_entry(self, key: str, buf: np.ndarray) -> None:
+        """INVALID_ARGUMENT unless `buf` is a sealed entry for `key` (when a secret is set)."""
+        if self.secret is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self.executor, open_sealed, buf, key, self.secret)
+        except ForgedEntry as e:
+            m.REFUSED.labels("forged").inc()
+            log.warning("refused a Put that is not a sealed entry for its key", key=key, reason=str(e))
+            raise Abort.invalid(f"not a sealed entry for key {key[:16]}: {e}") from None
+
     @staticmethod
     async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         if isinstance(exc, Abort):
             await exc.send(context)
-        log.exception("internal error", error=str(exc))
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        log.exception("internal error", error=f"{type(exc).__name__}: {exc}")
+        await context.abort(grpc.StatusCode.INTERNAL, internal_details())
 
     # ---- RPCs -------------------------------------------------------------------------------
     async def Lookup(self, request: pb.LookupRequest, context) -> pb.LookupResponse:
@@ -85,47 +105,59 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             entry_pb(i) if i is not None else pb.EntryInfo(key=k, tier=pb.TIER_MISS)
             for k, i in zip(keys, infos)])
 
+    def _check_header(self, header: pb.PutHeader) -> None:
+        self._key(header.key)
+        if header.size == 0:
+            raise Abort.invalid("entry size must be > 0")
+        if not (math.isfinite(header.recompute_cost_s) and header.recompute_cost_s >= 0):
+            raise Abort.invalid("recompute_cost_s must be a finite number >= 0")
+        try:
+            self.store.check_size(header.size)
+        except SegcacheError as e:
+            raise Abort(_status(e), str(e)) from None
+
+    @staticmethod
+    async def _receive(header: pb.PutHeader, first: pb.PutRequest, rest: Any) -> np.ndarray:
+        """The declared bytes of a Put: `first`'s data, then the rest of the stream."""
+        # numpy, not bytearray: large numpy buffers are hugepage-advised, which
+        # makes NIXL (UCX cma) reads of the host tier 2-3x faster.
+        buf = np.empty(header.size, dtype=np.uint8)
+        n = 0
+        msg: pb.PutRequest | None = first
+        while msg is not None:
+            data = msg.data
+            if n + len(data) > len(buf):
+                raise Abort.invalid(f"more than the declared {len(buf)} bytes")
+            buf[n:n + len(data)] = np.frombuffer(data, dtype=np.uint8)
+            n += len(data)
+            msg = await anext(rest, None)
+            if msg is not None and msg.HasField("header"):
+                raise Abort.invalid("header sent twice in one Put")
+        if n != len(buf):
+            raise Abort.invalid(f"stream ended after {n} of {len(buf)} declared bytes")
+        return buf
+
     async def Put(self, request_iterator, context) -> pb.PutResponse:
         try:
-            header = None
-            buf = None
-            n = 0
-            async for msg in request_iterator:
-                if header is None:
-                    if not msg.HasField("header"):
-                        raise Abort.invalid("the first Put message must carry the header")
-                    header = msg.header
-                    self._key(header.key)
-                    if header.size == 0:
-                        raise Abort.invalid("entry size must be > 0")
-                    if not (math.isfinite(header.recompute_cost_s) and header.recompute_cost_s >= 0):
-                        raise Abort.invalid("recompute_cost_s must be a finite number >= 0")
-                    try:
-                        self.store.check_size(header.size)
-                    except SegcacheError as e:
-                        raise Abort(_status(e), str(e)) from None
-                    # numpy, not bytearray: large numpy buffers are hugepage-advised, which
-                    # makes NIXL (UCX cma) reads of the host tier 2-3x faster.
-                    buf = np.empty(header.size, dtype=np.uint8)
-                elif msg.HasField("header"):
-                    raise Abort.invalid("header sent twice in one Put")
-                data = msg.data
-                if n + len(data) > len(buf):
-                    raise Abort.invalid(f"more than the declared {len(buf)} bytes")
-                buf[n:n + len(data)] = np.frombuffer(data, dtype=np.uint8)
-                n += len(data)
-            if header is None:
+            messages = paced(request_iterator, self.cfg.upload_idle_timeout_s)
+            first = await anext(messages, None)
+            if first is None:
                 raise Abort.invalid("empty Put stream")
-            if n != len(buf):
-                raise Abort.invalid(f"stream ended after {n} of {len(buf)} declared bytes")
-            res = await self._io(self.store.put, header.key, buf,
-                                 recompute_cost_s=header.recompute_cost_s,
-                                 token_count=header.token_count,
-                                 model_fingerprint=header.model_fingerprint, pin=header.pin,
-                                 expected_checksum=header.checksum)
+            if not first.HasField("header"):
+                raise Abort.invalid("the first Put message must carry the header")
+            header = first.header
+            self._check_header(header)
+            with self.uploads.reserve(header.size):  # before any buffer exists
+                buf = await self._receive(header, first, messages)
+                await self._check_entry(header.key, buf)
+                res = await self._io(self.store.put, header.key, buf,
+                                     recompute_cost_s=header.recompute_cost_s,
+                                     token_count=header.token_count,
+                                     model_fingerprint=header.model_fingerprint, pin=header.pin,
+                                     expected_checksum=header.checksum)
         except Exception as e:
             await self._fail(context, e)
-        log.debug("put", key=header.key, size=n, created=res.created)
+        log.debug("put", key=header.key, size=header.size, created=res.created)
         return pb.PutResponse(entry=entry_pb(res.info), created=res.created)
 
     async def Get(self, request: pb.GetRequest, context):
@@ -137,8 +169,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         except Exception as e:
             await self._fail(context, e)
         info, arr = got
-        limit = self.cfg.max_message_bytes - 4096
-        chunk = min(request.chunk_bytes or self.cfg.chunk_bytes, limit)
+        chunk = stream_chunk(request.chunk_bytes, self.cfg.chunk_bytes, self.cfg.max_message_bytes)
         first = True
         for off in range(0, info.size, chunk):
             data = arr[off:off + chunk].tobytes()

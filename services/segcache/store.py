@@ -80,13 +80,12 @@ class SegmentStore(HostLeases):
         self.disk = TierState(TIER_DISK, cfg.disk_bytes, True, make_policy(cfg.policy))
         self.tiers = (self.device, self.host, self.disk)
 
-        self._lmdb = LmdbFile(cfg)
-        self._load_index()
+        self._lmdb, entries, bad = LmdbFile.open_checked(cfg)
+        self._load_index(entries, bad)
         self._writer = None if cfg.write_through else WriteBehind(self._write_behind)
 
     # ---- start-up -------------------------------------------------------------------------
-    def _load_index(self) -> None:
-        entries, bad = self._lmdb.load_index()
+    def _load_index(self, entries: list[Entry], bad: int) -> None:
         for e in entries:
             self._entries[e.key] = e
             self.disk.add(e.stored_len)
@@ -220,7 +219,7 @@ class SegmentStore(HostLeases):
                     return  # already deleted or replaced
                 self._forget(e)
                 self.corrupt_dropped += 1
-            self._lmdb.commit(deletes=[e])
+            self._lmdb.delete_quietly([e])
         log.warning("corrupt entry dropped", key=e.key, reason=reason)
 
     # ---- validation -----------------------------------------------------------------------

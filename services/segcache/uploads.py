@@ -1,0 +1,55 @@
+"""Memory that Puts in progress may hold: one global budget of bytes, reserved per upload.
+
+A Put reserves its declared size when its header arrives, before any buffer exists, and gives it
+back when it ends, however it ends; a Put that does not fit is refused (RESOURCE_EXHAUSTED) rather
+than allocated. Uploads that stop sending are ended by `paced` after an idle timeout, so a stalled
+client cannot keep its reservation. Without this, 20 concurrent 16 MiB Puts took segcache to
+771 MiB under a 64 MiB host budget (issue 14).
+
+Used from the event loop only (no lock).
+"""
+from __future__ import annotations
+
+import asyncio
+from contextlib import contextmanager
+from typing import Any, AsyncIterator, Iterator
+
+import grpc
+
+from common.rpc.abort import Abort
+from services.segcache import metrics as m
+
+
+class UploadBudget:
+    def __init__(self, limit: int):
+        self.limit = int(limit)
+        self.reserved = 0
+
+    @contextmanager
+    def reserve(self, size: int) -> Iterator[None]:
+        """Hold `size` bytes for the body of the `with`; RESOURCE_EXHAUSTED when they do not fit."""
+        if self.reserved + size > self.limit:
+            m.REFUSED.labels("budget").inc()
+            raise Abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"uploads in progress hold {self.reserved} of {self.limit} bytes; "
+                        f"no room for {size} more now, retry later")
+        self.reserved += size
+        try:
+            yield
+        finally:
+            self.reserved -= size
+
+
+async def paced(messages: AsyncIterator[Any], idle_timeout_s: float) -> AsyncIterator[Any]:
+    """`messages`, ending the upload with DEADLINE_EXCEEDED when none arrives for idle_timeout_s."""
+    it = messages.__aiter__()
+    while True:
+        try:
+            msg = await asyncio.wait_for(it.__anext__(), idle_timeout_s)
+        except StopAsyncIteration:
+            return
+        except asyncio.TimeoutError:
+            m.REFUSED.labels("stalled").inc()
+            raise Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"upload stalled: nothing received for {idle_timeout_s:g} s") from None
+        yield msg
