@@ -375,7 +375,7 @@ def test_readme_quick_start_examples_answer(mesh, api) -> None:
     import re
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## OpenAI-compatible front"):]
+    section = readme[readme.index("### From any OpenAI client"):]
     body = json.loads(re.search(r"-d '(\{.*?\})'", section, re.S).group(1))
     r = httpx.post(mesh.front_url + "/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text

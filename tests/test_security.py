@@ -138,7 +138,13 @@ def test_router_refuses_plaintext_and_unknown_cas(mesh, api_key, tmp_path):
 # ---- segcache: reads for the mesh, writes for the writer role --------------------------------------
 
 def test_segcache_writes_need_the_writer_role(mesh, fresh_seed):
-    key, data = random_entry(fresh_seed)
+    from common.pic.seal import load_secret, seal
+    from test_trust import fake_entry, key_of
+
+    # a Put must also be a sealed entry for its key (the mesh's entry key): the writer's one is
+    g = random.Random(fresh_seed)
+    ids = [g.randrange(50_000) for _ in range(40)]
+    key, data = key_of(ids), seal(fake_entry(ids, g.randbytes(4096)), load_secret(mesh.entry_key_file))
 
     async def main() -> None:
         reader = segcache_as(mesh, "client")       # a mesh member without the writer role
