@@ -28,6 +28,7 @@ from common.pic.entry import EntryMismatch, SegmentEntry
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlUnavailable
 from common.rpc.segcache_client import ChecksumError, SegcacheClient, checksum
+from common.rpc.segcache_ring import owner, parse_addresses
 from common.rpc.server import channel_options
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import scatter_pb2 as spb
@@ -203,11 +204,15 @@ class RequestCtx:
     seam: int  # the seam width entries must have (common.modes.seam_for)
     dtype: str
     scatter_addresses: list[str]
-    segcache_address: str | None
+    segcache_address: str | None  # one instance or a comma-separated list (the router's view)
     store: bool
     segcache_keys: list[str]  # keys planned as hits (for one tier Lookup on the NIXL path)
     background: list[asyncio.Task] = field(default_factory=list)  # drains and stores
-    _lookup: asyncio.Task | None = None
+    _lookup: dict[str, asyncio.Task] = field(default_factory=dict)  # instance -> its Lookup
+
+    def segcache_for(self, key: str) -> str:
+        """The instance holding `key`: rendezvous over the plan's list, the router's placement."""
+        return owner(key, parse_addresses(self.segcache_address))
 
     @property
     def metadata(self) -> list[tuple[str, str]]:
@@ -217,16 +222,18 @@ class RequestCtx:
         t = asyncio.create_task(coro)
         self.background.append(t)
 
-    def lookup(self, client: SegcacheClient) -> asyncio.Task:
-        """One batched Lookup per request of the keys planned as hits: tier and size of each,
-        which choose between a NIXL read and the gRPC stream (the NIXL client reports no tier)."""
-        if self._lookup is None:
-            keys = self.segcache_keys[:4096]
-            self._lookup = asyncio.create_task(client.lookup(
+    def lookup(self, addr: str, client: SegcacheClient) -> asyncio.Task:
+        """One batched Lookup per request and instance of the keys planned as hits there: tier
+        and size of each, which choose between a NIXL read and the gRPC stream (the NIXL client
+        reports no tier)."""
+        if addr not in self._lookup:
+            keys = [k for k in self.segcache_keys if self.segcache_for(k) == addr][:4096]
+            t = asyncio.create_task(client.lookup(
                 keys, request_id=self.request_id, timeout=self.deadline.left(self.cfg.segcache_timeout_s)))
-            self._lookup.add_done_callback(lambda t: t.cancelled() or t.exception())
-            self.background.append(self._lookup)
-        return self._lookup
+            t.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self.background.append(t)
+            self._lookup[addr] = t
+        return self._lookup[addr]
 
 
 def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
@@ -270,8 +277,8 @@ def _describe(e: BaseException) -> str:
 # ---- segcache --------------------------------------------------------------------------------
 async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> Acquired | None:
     """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere)."""
-    addr = ctx.segcache_address
-    assert addr
+    assert ctx.segcache_address
+    addr = ctx.segcache_for(key)
     t0 = time.perf_counter()
     channel, client = ctx.peers.segcache(addr)
     try:
@@ -280,7 +287,7 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> A
         data, tier, via_nixl = None, "", False
         if ctx.peers.nixl_ready(addr):
             try:
-                info = next((x for x in await asyncio.shield(ctx.lookup(client)) if x.key == key), None)
+                info = next((x for x in await asyncio.shield(ctx.lookup(addr, client)) if x.key == key), None)
             except (asyncio.CancelledError, DeadlineExceeded):
                 raise
             except Exception:  # no sizes: read over gRPC
@@ -398,7 +405,7 @@ def _timed_build(engine, ids: list[int], seam: int) -> tuple[SegmentEntry, float
 async def _store(ctx: RequestCtx, key: str, entry: SegmentEntry, build_s: float) -> None:
     try:
         data = await asyncio.to_thread(entry.to_bytes)
-        _, client = ctx.peers.segcache(ctx.segcache_address)  # type: ignore[arg-type]
+        _, client = ctx.peers.segcache(ctx.segcache_for(key))
         await client.put(key, data, recompute_cost_s=build_s, token_count=entry.n_tokens,
                          model_fingerprint=entry.model_fingerprint, request_id=ctx.request_id,
                          timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))

@@ -45,7 +45,8 @@ class RouterConfig:
     grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
     # --- the mesh ------------------------------------------------------------------------
     segcache_address: str = field(default="", metadata=_h(
-        "segcache host:port; empty = no cache (every segment is a miss, nothing stored)"))
+        "segcache host:port, or a comma-separated list (each key on one instance, by rendezvous "
+        "hashing over the healthy ones); empty = no cache (every segment is a miss, nothing stored)"))
     scatter_addresses: str = field(default="", metadata=_h(
         "scatter worker host:port list, comma-separated; empty = misses are built on combine"))
     combine_addresses: str = field(default="127.0.0.1:50081", metadata=_h(

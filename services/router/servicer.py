@@ -24,7 +24,7 @@ from common import modes
 from common.fingerprint import segment_key
 from common.rpc.abort import Abort
 from common.rpc.log import REQUEST_ID_KEY
-from common.rpc.segcache_client import SegcacheClient
+from common.rpc.segcache_ring import SegcacheRing
 from common.rpc.server import channel_options
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import router_pb2 as pb
@@ -98,11 +98,11 @@ class RouterServicer(pb_grpc.RouterServicer):
         self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s)
         self.scatters = ScatterPool(self.scatter_addresses, options, self.planner,
                                     model.fingerprint, cfg.load_timeout_s)
-        self.segcache: SegcacheClient | None = None
-        if cfg.segcache_address:
-            ch = grpc.aio.insecure_channel(cfg.segcache_address, options=options)
-            self.segcache = SegcacheClient(cfg.segcache_address, timeout_s=cfg.lookup_timeout_s,
-                                           max_message_bytes=cfg.max_message_bytes, channel=ch)
+        self.segcache: SegcacheRing | None = None
+        if cfg.segcache_address:  # one address or many (keys placed by rendezvous hashing)
+            self.segcache = SegcacheRing(cfg.segcache_address, channel_options=options,
+                                         timeout_s=cfg.lookup_timeout_s,
+                                         max_message_bytes=cfg.max_message_bytes)
         self.in_flight = 0
         self._tasks: list[asyncio.Task] = []
         self._publish_cost()
@@ -248,6 +248,9 @@ class RouterServicer(pb_grpc.RouterServicer):
         req.query = ids[-1]  # type: ignore[assignment]
         req.prompt_tokens = total
 
+    def _segcache_instances(self) -> str:
+        return ",".join(self.segcache.healthy()) if self.segcache is not None else ""
+
     def _md(self, req: _Request) -> list[tuple[str, str]]:
         return [(REQUEST_ID_KEY, req.rid)]
 
@@ -262,15 +265,13 @@ class RouterServicer(pb_grpc.RouterServicer):
         try:
             if budget <= 0:
                 raise asyncio.TimeoutError
-            step = 4096  # segcache's default max_lookup_keys
-            batches = [keys[i:i + step] for i in range(0, len(keys), step)]
-            results = await asyncio.wait_for(asyncio.gather(*(
-                self.segcache.lookup(b, request_id=req.rid, timeout=budget) for b in batches)),
-                budget)
-            for entries in results:
-                for e in entries:
-                    if e.tier != scpb.TIER_MISS:
-                        found[e.key] = e
+            # Batched per instance and concurrent; a down or slow instance's keys come back
+            # as misses (SegcacheRing.lookup).
+            entries = await asyncio.wait_for(
+                self.segcache.lookup(keys, request_id=req.rid, timeout=budget), budget)
+            for e in entries:
+                if e.tier != scpb.TIER_MISS:
+                    found[e.key] = e
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
             m.LOOKUP_FAILURES.inc()
             detail = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
@@ -292,7 +293,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
             seed=request.seed, return_logits=request.return_logits,
             stop_at_eos=request.stop_at_eos, scatter_addresses=self.scatter_addresses,
-            segcache_address=cfg.segcache_address if cached_modes else "",
+            # The instances this router placed keys over: combine places them the same way.
+            segcache_address=self._segcache_instances() if cached_modes else "",
             store_entries=bool(cfg.segcache_address) and cached_modes)
         if not cached_modes:
             # full / prefix: combine prefills the tokens itself; no keys, no lookup.

@@ -13,7 +13,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from common.rpc import service
-from common.rpc.segcache_client import SegcacheClient
+from common.rpc.segcache_ring import SegcacheRing
 from common.rpc.server import format_address
 from protos.hypic.v1 import scatter_pb2_grpc
 from services.scatter.config import ENV_PREFIX, ScatterConfig
@@ -37,8 +37,9 @@ class ScatterService(service.Service):
     def register(self, server, port: int) -> None:
         cfg = self.cfg
         self.worker = cfg.worker or f"scatter@{format_address(cfg.host, port)}"
-        self.segcache = (SegcacheClient(cfg.segcache_address, max_message_bytes=cfg.max_message_bytes,
-                                        timeout_s=cfg.segcache_timeout_s)
+        # One address or many: each entry goes to its key's instance (rendezvous hashing).
+        self.segcache = (SegcacheRing(cfg.segcache_address, max_message_bytes=cfg.max_message_bytes,
+                                      timeout_s=cfg.segcache_timeout_s)
                          if cfg.segcache_address else None)
         scatter_pb2_grpc.add_ScatterServicer_to_server(
             ScatterServicer(cfg, self.engine, self.executor, self.segcache, self.worker), server)

@@ -43,7 +43,8 @@ class ScatterConfig:
     grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
     # --- segcache --------------------------------------------------------------------------
     segcache_address: Optional[str] = field(default=None, metadata=_h(
-        "segcache host:port where built entries are stored (store=true); empty = never store"))
+        "segcache host:port (or a comma-separated list: each key on its rendezvous instance) "
+        "where built entries are stored (store=true); empty = never store"))
     segcache_timeout_s: float = field(default=30.0, metadata=_h("timeout of one segcache Put"))
     # --- observability -------------------------------------------------------------------
     metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))

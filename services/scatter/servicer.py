@@ -22,7 +22,8 @@ from common.engine import HybridEngine
 from common.pic.entry import dtype_name
 from common.rpc.abort import Abort
 from common.rpc.checks import check_model, expected_key
-from common.rpc.segcache_client import SegcacheClient, checksum
+from common.rpc.segcache_client import checksum
+from common.rpc.segcache_ring import SegcacheRing
 from protos.hypic.v1 import scatter_pb2 as pb
 from protos.hypic.v1 import scatter_pb2_grpc as pb_grpc
 from services.scatter import metrics as m
@@ -57,7 +58,7 @@ class Flight:
 
 class ScatterServicer(pb_grpc.ScatterServicer):
     def __init__(self, cfg: ScatterConfig, engine: HybridEngine, executor: Executor,
-                 segcache: SegcacheClient | None, worker: str):
+                 segcache: SegcacheRing | None, worker: str):
         self.cfg = cfg
         self.engine = engine
         self.executor = executor
