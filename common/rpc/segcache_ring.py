@@ -132,7 +132,7 @@ class SegcacheRing:
 
     # ---- lookup: batched per instance, concurrent, failures are misses ----------------------------
     async def _lookup_one(self, address: str, keys: list[str], request_id: str | None,
-                          timeout: float | None) -> list[pb.EntryInfo]:
+                          timeout: float | None, failed: list[str]) -> list[pb.EntryInfo]:
         client = self.clients[address]
         t = client.timeout_s if timeout is None else timeout
         try:
@@ -143,6 +143,7 @@ class SegcacheRing:
             return found
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
             self._note(address, e)
+            failed.append(address)
             log.warning("segcache lookup failed; its keys are misses", segcache=address,
                         keys=len(keys), error=type(e).__name__ if not isinstance(e, grpc.aio.AioRpcError)
                         else e.code().name)
@@ -151,11 +152,44 @@ class SegcacheRing:
     async def lookup(self, keys: Sequence[str], *, request_id: str | None = None,
                      timeout: float | None = None) -> list[pb.EntryInfo]:
         """EntryInfo of every key (TIER_MISS for misses and for keys of a down or slow instance)."""
+        return (await self.lookup_reporting(keys, request_id=request_id, timeout=timeout))[0]
+
+    async def lookup_reporting(self, keys: Sequence[str], *, request_id: str | None = None,
+                               timeout: float | None = None
+                               ) -> tuple[list[pb.EntryInfo], list[str], list[str]]:
+        """lookup(), plus the instances asked and those that failed (their keys are misses)."""
         groups = group_by_owner(keys, self.healthy())
-        results = await asyncio.gather(*(self._lookup_one(a, ks, request_id, timeout)
+        failed: list[str] = []
+        results = await asyncio.gather(*(self._lookup_one(a, ks, request_id, timeout, failed)
                                          for a, ks in groups.items()))
         by_key = {e.key: e for r in results for e in r}
-        return [by_key.get(k) or pb.EntryInfo(key=k, tier=pb.TIER_MISS) for k in keys]
+        entries = [by_key.get(k) or pb.EntryInfo(key=k, tier=pb.TIER_MISS) for k in keys]
+        return entries, list(groups), failed
+
+    # ---- build claims: batched per instance like lookups ---------------------------------------------
+    async def _claim_one(self, address: str, keys: list[str], holder: str, lease_s: float,
+                         request_id: str | None, timeout: float | None) -> list[pb.ClaimResult]:
+        client = self.clients[address]
+        t = client.timeout_s if timeout is None else timeout
+        if self._down_until.get(address, 0.0) > time.monotonic():
+            return [pb.ClaimResult(key=k, granted=True) for k in keys]  # do not wait on it again
+        try:
+            return await asyncio.wait_for(client.claim(keys, holder, lease_s, request_id=request_id,
+                                                       timeout=t), t)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
+            # No one to coordinate with: build (a duplicate build at worst, never a wait).
+            self._note(address, e)
+            return [pb.ClaimResult(key=k, granted=True) for k in keys]
+
+    async def claim(self, keys: Sequence[str], holder: str, lease_s: float, *,
+                    request_id: str | None = None, timeout: float | None = None) -> list[pb.ClaimResult]:
+        """ClaimResult of every key; an instance that fails grants its keys (build them)."""
+        groups = group_by_owner(keys, self.healthy())
+        results = await asyncio.gather(*(
+            self._claim_one(a, ks[i:i + MAX_LOOKUP_KEYS], holder, lease_s, request_id, timeout)
+            for a, ks in groups.items() for i in range(0, len(ks), MAX_LOOKUP_KEYS)))
+        by_key = {r.key: r for rs in results for r in rs}
+        return [by_key.get(k) or pb.ClaimResult(key=k, granted=True) for k in keys]
 
     # ---- one key: its owner ------------------------------------------------------------------------
     async def _on_owner(self, key: str, method: str, *args: Any, **kw: Any) -> Any:

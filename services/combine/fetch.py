@@ -275,8 +275,41 @@ def _describe(e: BaseException) -> str:
 
 
 # ---- segcache --------------------------------------------------------------------------------
-async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> Acquired | None:
-    """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere)."""
+WAIT_FIRST_POLL_S = 0.02
+WAIT_MAX_POLL_S = 0.25
+
+
+async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segpb.EntryInfo | None:
+    """Another request holds the build claim on `key`: poll its instance until the entry is
+    cached (its EntryInfo) or `wait_s` passes (None: build it here). Faults end the wait."""
+    end = time.monotonic() + wait_s
+    _, client = ctx.peers.segcache(ctx.segcache_for(key))
+    poll = WAIT_FIRST_POLL_S
+    while True:
+        try:
+            infos = await client.lookup([key], request_id=ctx.request_id,
+                                        timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
+        except (asyncio.CancelledError, DeadlineExceeded):
+            raise
+        except Exception as e:
+            log.info("wait for a segment built elsewhere failed", key=key, error=_describe(e))
+            return None
+        if infos and infos[0].tier != segpb.TIER_MISS:
+            return infos[0]
+        left = min(end - time.monotonic(), ctx.deadline.left())
+        if left <= 0:
+            m.FALLBACKS.labels("segcache", "wait_timeout").inc()
+            log.info("segment built elsewhere did not arrive in time; building", key=key,
+                     wait_s=round(wait_s, 3))
+            return None
+        await asyncio.sleep(min(poll, left))
+        poll = min(poll * 2, WAIT_MAX_POLL_S)
+
+
+async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
+                         info_now: segpb.EntryInfo | None = None) -> Acquired | None:
+    """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere).
+    info_now: a Lookup answer newer than the request's batched one (after a wait)."""
     assert ctx.segcache_address
     addr = ctx.segcache_for(key)
     t0 = time.perf_counter()
@@ -287,7 +320,8 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> A
         data, tier, via_nixl = None, "", False
         if ctx.peers.nixl_ready(addr):
             try:
-                info = next((x for x in await asyncio.shield(ctx.lookup(addr, client)) if x.key == key), None)
+                info = info_now or next(
+                    (x for x in await asyncio.shield(ctx.lookup(addr, client)) if x.key == key), None)
             except (asyncio.CancelledError, DeadlineExceeded):
                 raise
             except Exception:  # no sizes: read over gRPC
@@ -428,9 +462,13 @@ async def build_local(ctx: RequestCtx, i: int, key: str, ids: list[int], t0: flo
 async def acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -> Acquired:
     t0 = time.perf_counter()
     if seg.source == cpb.SOURCE_SEGCACHE and ctx.segcache_address:
-        got = await fetch_segcache(ctx, i, key, ids)
-        if got is not None:
-            return got
+        info_now = None
+        if seg.wait_s > 0:  # being built by another request (a build claim): wait for it
+            info_now = await wait_for_entry(ctx, key, seg.wait_s)
+        if seg.wait_s <= 0 or info_now is not None:
+            got = await fetch_segcache(ctx, i, key, ids, info_now)
+            if got is not None:
+                return got
     addrs = ctx.scatter_addresses
     if seg.source != cpb.SOURCE_LOCAL and addrs:
         first = seg.worker if seg.worker < len(addrs) else i % len(addrs)

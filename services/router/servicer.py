@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
+import uuid
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -31,6 +33,7 @@ from protos.hypic.v1 import router_pb2 as pb
 from protos.hypic.v1 import router_pb2_grpc as pb_grpc
 from protos.hypic.v1 import segcache_pb2 as scpb
 from services.router import metrics as m
+from services.router.claims import Claimed, claim_misses
 from services.router.config import RouterConfig
 from services.router.model import ModelInfo
 from services.router.planner import CostModel, Job, Planner, Ticket
@@ -103,6 +106,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             self.segcache = SegcacheRing(cfg.segcache_address, channel_options=options,
                                          timeout_s=cfg.lookup_timeout_s,
                                          max_message_bytes=cfg.max_message_bytes)
+        self.holder = f"router-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # build claims' holder
         self.in_flight = 0
         self._tasks: list[asyncio.Task] = []
         self._publish_cost()
@@ -248,6 +252,19 @@ class RouterServicer(pb_grpc.RouterServicer):
         req.query = ids[-1]  # type: ignore[assignment]
         req.prompt_tokens = total
 
+    async def _claim_misses(self, keys: list[str], req: _Request) -> Claimed:
+        """Claim the misses (services.router.claims)."""
+        cfg = self.cfg
+        if self.segcache is None or not keys or cfg.claim_lease_s <= 0:
+            return Claimed()
+        t = time.perf_counter()
+        holder = f"{self.holder}/{uuid.uuid4().hex[:12]}"  # per request: two requests, one build
+        budget = min(cfg.lookup_timeout_s, 0.5 * req.remaining())
+        claimed = await claim_misses(self.segcache, keys, holder, cfg.claim_lease_s,
+                                     min(cfg.claim_wait_s, 0.5 * req.remaining()), req.rid, budget)
+        m.STAGE.labels("claim").observe(time.perf_counter() - t)
+        return claimed
+
     def _segcache_instances(self) -> str:
         return ",".join(self.segcache.healthy()) if self.segcache is not None else ""
 
@@ -267,11 +284,19 @@ class RouterServicer(pb_grpc.RouterServicer):
                 raise asyncio.TimeoutError
             # Batched per instance and concurrent; a down or slow instance's keys come back
             # as misses (SegcacheRing.lookup).
-            entries = await asyncio.wait_for(
-                self.segcache.lookup(keys, request_id=req.rid, timeout=budget), budget)
+            entries, asked, failed = await asyncio.wait_for(
+                self.segcache.lookup_reporting(keys, request_id=req.rid, timeout=budget), budget)
             for e in entries:
                 if e.tier != scpb.TIER_MISS:
                     found[e.key] = e
+            if failed:
+                m.LOOKUP_FAILURES.inc()
+                if len(failed) == len(asked):
+                    log.warning("segcache lookup failed; serving every segment as a miss",
+                                failed=failed, budget_s=round(budget, 3))
+                else:
+                    log.warning("segcache lookup failed on some instances; their segments are misses",
+                                failed=failed, budget_s=round(budget, 3))
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
             m.LOOKUP_FAILURES.inc()
             detail = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
@@ -302,14 +327,18 @@ class RouterServicer(pb_grpc.RouterServicer):
                 plan.segments.add(token_ids=ids, source=cpb.SOURCE_LOCAL)
             return plan
         keys = [segment_key(self.model.fingerprint, seam, cfg.dtype, ids) for ids in req.segments]
-        found = await self._lookup(list(dict.fromkeys(keys)), req)
+        unique = list(dict.fromkeys(keys))
+        found = await self._lookup(unique, req)
+        claimed = await self._claim_misses([k for k in unique if k not in found], req)
+        # Stored since the lookup, or being built by another request: read from segcache.
+        elsewhere = {k: 0.0 for k in claimed.cached} | claimed.waiting
         t = time.perf_counter()
         jobs = []
         for i, (key, ids) in enumerate(zip(keys, req.segments)):
             e = found.get(key)
             if e is not None:
                 req.planned_tiers[i] = tier_name(e.tier)
-            else:
+            elif key not in elsewhere:
                 jobs.append(Job(i, key, len(ids)))
         req.planned_misses = len(jobs)
         assigned: dict[int, Any] = {}
@@ -321,6 +350,10 @@ class RouterServicer(pb_grpc.RouterServicer):
             if i in req.planned_tiers:
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SEGCACHE,
                                   est_cost_s=found[key].recompute_cost_s)
+            elif key in elsewhere:
+                plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SEGCACHE,
+                                  wait_s=elsewhere[key],
+                                  est_cost_s=self.planner.cost.predict(len(ids)))
             elif i in assigned:
                 a = assigned[i]
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SCATTER,
@@ -330,7 +363,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                                   est_cost_s=self.planner.cost.predict(len(ids)))
         m.STAGE.labels("plan").observe(time.perf_counter() - t)
         log.info("planned", segments=len(keys), hits=len(req.planned_tiers),
-                 misses=len(jobs), prompt_tokens=req.prompt_tokens, mode=req.mode_name,
+                 misses=len(jobs), built_elsewhere=len(elsewhere), prompt_tokens=req.prompt_tokens, mode=req.mode_name,
                  workers=[a.worker for a in (req.ticket.assignments if req.ticket else [])])
         return plan
 

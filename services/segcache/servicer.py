@@ -16,6 +16,7 @@ from common.rpc.abort import Abort
 from common.rpc.nixl_util import NixlUnavailable
 from protos.hypic.v1 import segcache_pb2 as pb
 from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
+from services.segcache.claims import MAX_HOLDER_BYTES, MAX_LEASE_S, ClaimTable
 from services.segcache.config import SegcacheConfig
 from services.segcache.nixl_agent import LeaseManager
 from services.segcache.store import EntryInfo, SegcacheError, SegmentStore
@@ -43,6 +44,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         self.store = store
         self.leases = leases
         self.executor = executor
+        self.claims = ClaimTable()
 
     # ---- helpers ----------------------------------------------------------------------------
     async def _io(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -125,6 +127,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
                                  expected_checksum=header.checksum)
         except Exception as e:
             await self._fail(context, e)
+        self.claims.release(header.key)
         log.debug("put", key=header.key, size=n, created=res.created)
         return pb.PutResponse(entry=entry_pb(res.info), created=res.created)
 
@@ -204,3 +207,21 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
     async def ReleaseNixlLease(self, request: pb.ReleaseNixlLeaseRequest, context) -> pb.ReleaseNixlLeaseResponse:
         released = await self._io(self.leases.release, request.lease_id)
         return pb.ReleaseNixlLeaseResponse(released=released)
+
+    async def Claim(self, request: pb.ClaimRequest, context) -> pb.ClaimResponse:
+        try:
+            keys = self._keys(request.keys)
+            holder = request.holder
+            if not holder or len(holder.encode()) > MAX_HOLDER_BYTES:
+                raise Abort.invalid(f"holder must be 1..{MAX_HOLDER_BYTES} bytes")
+            if not (math.isfinite(request.lease_s) and 0 < request.lease_s <= MAX_LEASE_S):
+                raise Abort.invalid(f"lease_s must be in (0, {MAX_LEASE_S:g}]")
+            infos = self.store.lookup(keys)
+        except Exception as e:
+            await self._fail(context, e)
+        self.claims.expire()
+        results = [self.claims.claim(k, holder, request.lease_s, cached=i is not None)
+                   for k, i in zip(keys, infos)]
+        return pb.ClaimResponse(results=[
+            pb.ClaimResult(key=r.key, granted=r.granted, cached=r.cached, holder=r.holder,
+                           expires_in_s=r.expires_in_s) for r in results])
