@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from services.segcache.remote_tier import parse_remote_url
+
 ENV_PREFIX = "HYPIC_SEGCACHE_"
 GiB = 1 << 30
 MiB = 1 << 20
@@ -57,6 +59,13 @@ class SegcacheConfig:
     nixl_backend: str = field(default="UCX", metadata=_h("NIXL backend"))
     lease_ttl_s: float = field(default=30.0, metadata=_h("a NIXL lease ends by itself after this"))
     # --- observability -------------------------------------------------------------------
+    remote_url: str = field(default="", metadata=_h(
+        "shared remote tier below LMDB: mooncake://MASTER_HOST:RPC_PORT (Mooncake Store); "
+        "empty = off"))
+    remote_queue_entries: int = field(default=256, metadata=_h(
+        "write-behind queue to the remote tier; a full queue drops the write (counted)"))
+    remote_segment_bytes: int = field(default=256 * MiB, metadata=_h(
+        "memory this segcache contributes to the Mooncake Store"))
     metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
     metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
     log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
@@ -88,6 +97,11 @@ class SegcacheConfig:
             raise ValueError("io_threads must be >= 1")
         if not (self.lease_ttl_s > 0 and math.isfinite(self.lease_ttl_s)):
             raise ValueError("lease_ttl_s must be > 0")
+        self.remote_url = (self.remote_url or "").strip()
+        if self.remote_url:
+            parse_remote_url(self.remote_url)  # ValueError: a clear startup error (exit 2)
+        if self.remote_queue_entries < 1 or self.remote_segment_bytes < MiB:
+            raise ValueError("remote_queue_entries must be >= 1 and remote_segment_bytes >= 1 MiB")
 
     @property
     def entry_limit(self) -> int:

@@ -19,6 +19,7 @@ from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
 from services.segcache.claims import MAX_HOLDER_BYTES, MAX_LEASE_S, ClaimTable
 from services.segcache.config import SegcacheConfig
 from services.segcache.nixl_agent import LeaseManager
+from services.segcache.remote_tier import MooncakeTier
 from services.segcache.store import EntryInfo, SegcacheError, SegmentStore
 
 log = structlog.get_logger("segcache.servicer")
@@ -38,6 +39,7 @@ def _status(exc: SegcacheError) -> grpc.StatusCode:
 
 
 class SegcacheServicer(pb_grpc.SegcacheServicer):
+    remote: MooncakeTier | None = None  # the shared tier below LMDB (--remote-url), set by main
     def __init__(self, cfg: SegcacheConfig, store: SegmentStore, leases: LeaseManager,
                  executor: Executor):
         self.cfg = cfg
@@ -69,6 +71,21 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             raise Abort.invalid(f"{len(keys)} keys; at most {self.cfg.max_lookup_keys} per call")
         return [self._key(k) for k in keys]
 
+    async def _remote_exists(self, keys: list[str]) -> set[str]:
+        if self.remote is None or not keys or not self.remote.available:
+            return set()
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.remote.exists, keys)
+
+    def _promote(self, key: str) -> Any:
+        """A local miss read from the shared tier (verified there), stored into the local tiers."""
+        entry = self.remote.get(key)
+        if entry is None:
+            return None
+        self.store.put(key, entry.data, recompute_cost_s=entry.recompute_cost_s,
+                       token_count=entry.token_count, model_fingerprint=entry.model_fingerprint,
+                       expected_checksum=entry.checksum)
+        return self.store.get(key)
+
     @staticmethod
     async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
         if isinstance(exc, Abort):
@@ -81,11 +98,15 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         try:
             keys = self._keys(request.keys)
             infos = self.store.lookup(keys)
+            remote = await self._remote_exists([k for k, i in zip(keys, infos) if i is None])
         except Exception as e:
             await self._fail(context, e)
+        # In the shared tier only: a disk-class hit of unknown size (Get reads and promotes it).
+        infos = [pb.EntryInfo(key=k, tier=pb.TIER_DISK) if i is None and k in remote else i
+                 for k, i in zip(keys, infos)]
         return pb.LookupResponse(entries=[
-            entry_pb(i) if i is not None else pb.EntryInfo(key=k, tier=pb.TIER_MISS)
-            for k, i in zip(keys, infos)])
+            i if isinstance(i, pb.EntryInfo) else entry_pb(i) if i is not None
+            else pb.EntryInfo(key=k, tier=pb.TIER_MISS) for k, i in zip(keys, infos)])
 
     async def Put(self, request_iterator, context) -> pb.PutResponse:
         try:
@@ -128,6 +149,10 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         except Exception as e:
             await self._fail(context, e)
         self.claims.release(header.key)
+        if self.remote is not None and res.created:  # write-behind; a full queue drops it
+            self.remote.enqueue(header.key, buf, recompute_cost_s=header.recompute_cost_s,
+                                token_count=header.token_count,
+                                model_fingerprint=header.model_fingerprint, digest=res.info.checksum)
         log.debug("put", key=header.key, size=n, created=res.created)
         return pb.PutResponse(entry=entry_pb(res.info), created=res.created)
 
@@ -135,6 +160,8 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         try:
             key = self._key(request.key)
             got = await self._io(self.store.get, key)
+            if got is None and self.remote is not None:
+                got = await self._io(self._promote, key)
             if got is None:
                 raise Abort(grpc.StatusCode.NOT_FOUND, f"not cached: {key}")
         except Exception as e:
