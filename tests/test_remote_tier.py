@@ -59,6 +59,30 @@ def test_object_roundtrip_and_every_bad_object_is_a_miss(fresh_seed):
     assert unpack("k", rng.randbytes(len(obj))) is None
 
 
+def test_no_master_means_an_absent_tier_fast(fresh_seed):
+    from services.segcache.remote_tier import MooncakeTier, RemoteCollector
+    rng = random.Random(fresh_seed)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tier = MooncakeTier(f"mooncake://127.0.0.1:{port}", health_period_s=0.05)
+    try:
+        time.sleep(0.2)
+        data = _blob(rng, 100)
+        t = time.monotonic()
+        assert not tier.available
+        assert not tier.enqueue("k", data, recompute_cost_s=0.0, token_count=1,
+                                model_fingerprint="", digest=checksum(data))
+        assert tier.exists(["k"]) == set() and tier.get("k") is None
+        assert time.monotonic() - t < 0.1
+        metrics = {m.name: m for m in RemoteCollector(tier).collect()}
+        assert metrics["segcache_remote_up"].samples[0].value == 0
+        dropped = [x for x in metrics["segcache_remote_ops"].samples if x.labels["outcome"] == "dropped"]
+        assert dropped[0].value == 1
+    finally:
+        tier.close()
+
+
 # ---- a real master and two segcache processes ----------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:

@@ -18,7 +18,7 @@ from protos.hypic.v1 import segcache_pb2_grpc
 from services.segcache.config import ENV_PREFIX, SegcacheConfig
 from services.segcache.metrics import StoreCollector
 from services.segcache.nixl_agent import LeaseManager
-from services.segcache.remote_tier import MooncakeTier
+from services.segcache.remote_tier import MooncakeTier, RemoteCollector
 from services.segcache.servicer import SERVICE_NAME, SegcacheServicer
 from services.segcache.store import SegmentStore
 
@@ -38,6 +38,8 @@ class SegcacheService(service.Service):
         self.remote = (MooncakeTier(cfg.remote_url, queue_entries=cfg.remote_queue_entries,
                                     segment_bytes=cfg.remote_segment_bytes, local_host=cfg.host)
                        if cfg.remote_url else None)
+        if self.remote is not None:
+            REGISTRY.register(RemoteCollector(self.remote))
 
     def register(self, server, port: int) -> None:
         servicer = SegcacheServicer(self.cfg, self.store, self.leases, self.executor)

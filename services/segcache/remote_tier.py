@@ -235,3 +235,25 @@ class MooncakeTier:
                 except Exception:
                     pass
                 self._store = None
+
+
+class RemoteCollector:
+    """Prometheus view of the remote tier, read at scrape time."""
+
+    def __init__(self, tier: MooncakeTier):
+        self.tier = tier
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        t = self.tier
+        yield GaugeMetricFamily("segcache_remote_up", "The shared tier's master answers (1) or not",
+                                value=int(t.available))
+        ops = CounterMetricFamily("segcache_remote_ops", "Shared tier operations by outcome",
+                                  labels=["op", "outcome"])
+        for op, outcome, n in (("write", "written", t.written), ("write", "dropped", t.dropped),
+                               ("write", "error", t.write_errors), ("read", "hit", t.hits),
+                               ("read", "miss", t.misses), ("read", "rejected", t.rejected)):
+            ops.add_metric([op, outcome], n)
+        yield ops
+        yield GaugeMetricFamily("segcache_remote_queue", "Write-behind entries queued for the shared tier",
+                                value=t._queue.qsize())
