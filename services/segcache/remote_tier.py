@@ -107,6 +107,7 @@ class MooncakeTier:
         self._store: Any = None
         self._lock = threading.Lock()  # setup / teardown of the client
         self._up = False
+        self._last_error = ""
         self._stop = threading.Event()
         self.written = self.dropped = self.write_errors = 0
         self.hits = self.misses = self.rejected = 0
@@ -147,8 +148,10 @@ class MooncakeTier:
                         log.info("remote tier connected", url=self.url)
                     except Exception as e:  # ImportError, setup failure: stays absent
                         up = False
-                        log.warning("remote tier unavailable", url=self.url,
-                                    error=f"{type(e).__name__}: {e}")
+                        why = f"{type(e).__name__}: {e}"
+                        if why != self._last_error:  # once per distinct reason, not every probe
+                            log.warning("remote tier unavailable", url=self.url, error=why)
+                        self._last_error = why
             if up != self._up:
                 log.info("remote tier " + ("up" if up else "down"), url=self.url)
             self._up = up
