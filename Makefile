@@ -7,8 +7,13 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 REQS    := requirements/base.txt requirements/constraints-cpu.txt pyproject.toml
+# fla's Triton kernels under the Triton interpreter (tests/test_fla_interpreter.py): a venv of
+# its own, since fla must never be installed in .venv (see requirements/fla-interpreter.txt)
+FLA_VENV  ?= .venv-fla
+FLA_STAMP := $(FLA_VENV)/.installed
+FLA_REQS  := requirements/fla-interpreter.txt requirements/constraints-cpu.txt
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv fla-venv gpu-check clean mutate compose-check
 
 venv: $(STAMP)
 
@@ -22,11 +27,35 @@ $(STAMP): $(REQS)
 	$(VPY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $(STAMP)
 
+$(FLA_STAMP): $(FLA_REQS)
+	test -x $(FLA_VENV)/bin/python || $(PY) -m venv $(FLA_VENV)
+	$(FLA_VENV)/bin/python -m pip install -q -r requirements/fla-interpreter.txt -c requirements/constraints-cpu.txt
+	$(FLA_VENV)/bin/python -c "import torch, fla; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(FLA_STAMP)
+
+fla-venv: $(FLA_STAMP)
+
 demo: $(STAMP)
 	$(VPY) -m bench.demo
 
+# The fla venv is built when it can be; when it cannot, its test skips and says why.
 test: $(STAMP)
+	-$(MAKE) --no-print-directory fla-venv
 	$(VPY) -m pytest -q tests
 
+# On a machine with NVIDIA GPUs: installs .venv-gpu (CUDA torch, fla, nixl), prints one table
+# (docs/gpu.md). `python scripts/gpu_check.py --dry-run` shows the table's rows without a GPU.
+gpu-check:
+	$(PY) scripts/gpu_check.py --json gpu-check.json
+
+# The mesh for real under Docker, CPU only (not part of test): scripts/compose-check.sh.
+compose-check: $(STAMP)
+	bash scripts/compose-check.sh
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(FLA_VENV) .venv-gpu
+
+# Targeted mutation check (minutes; not part of `make test`): each mutant of a property that
+# matters must make the tests that cover it fail. scripts/mutate.py lists them.
+mutate: $(STAMP)
+	$(VPY) scripts/mutate.py

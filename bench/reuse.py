@@ -43,17 +43,31 @@ def main(argv=None):
     ap.add_argument("--query-len", type=int, default=16)
     ap.add_argument("--seam", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--out", default="bench/results/reuse.json")
+    ap.add_argument("--out", default=None, help="default bench/results/reuse.json (reuse_random.json with "
+                                                "--random-model)")
+    ap.add_argument("--random-model", default="", metavar="SPEC",
+                    help="a random-weight model of a realistic shape instead of CONFIG, e.g. "
+                         "hidden=1024,layers=16,ratio=3:1 (bench.random_model; timing only, labelled so)")
     args = ap.parse_args(argv)
+    args.out = args.out or f"bench/results/reuse{'_random' if args.random_model else ''}.json"
     torch.set_flush_denormal(True)
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from bench.random_model import RANDOM_LABEL, config_kwargs, describe, parse_spec, save_random_model
     from common.engine import HybridEngine
 
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3_5_text", **CONFIG)).save_pretrained(d)
+        if args.random_model:
+            spec = parse_spec(args.random_model)
+            save_random_model(spec, Path(d))
+            model = dict(spec=spec, description=describe(spec), random_weights=RANDOM_LABEL,
+                         config=config_kwargs(spec))
+        else:
+            torch.manual_seed(0)
+            AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3_5_text", **CONFIG)).save_pretrained(d)
+            model = dict(config=CONFIG, random_weights=RANDOM_LABEL)
+        print(f"model: {model.get('description', f'{CONFIG} ({RANDOM_LABEL})')}", flush=True)
         eng = HybridEngine.from_pretrained(d)
         rng = random.Random(0)
         for n in args.n:
@@ -70,6 +84,9 @@ def main(argv=None):
             row = dict(n=n, seg_len=args.seg_len, prompt_tokens=n * args.seg_len + args.query_len)
             row["full_s"], full = _best(lambda: eng.prefill_segments(segs, query, mode="full"), args.repeats)
             row["prefix_s"], pre = _best(lambda: eng.prefill_segments(segs, query, mode="prefix"), 1)
+            row["prefix_nothing_cached_s"], _ = _best(lambda: (eng.prefix_cache.clear(), eng.prefill_segments(
+                segs, query, mode="prefix"))[1], args.repeats)  # the baseline's own overhead over full
+            row["prefix_nothing_cached_over_full"] = row["prefix_nothing_cached_s"] / row["full_s"]
             row["prefix_reused_segments"] = pre.extra["reused_segments"]
             row["additive_s"], _ = _best(
                 lambda: eng.prefill_segments(segs, query, entries=entries["additive"], mode="additive"), args.repeats)
@@ -85,12 +102,15 @@ def main(argv=None):
             row["speedup_vs_prefix"] = row["prefix_s"] / row["hypic_s"]
             rows.append(row)
             print(f"n={n:>3}  full {row['full_s']*1e3:8.1f} ms  prefix {row['prefix_s']*1e3:8.1f} ms "
-                  f"(reused {row['prefix_reused_segments']})  additive {row['additive_s']*1e3:7.1f} ms  "
+                  f"(reused {row['prefix_reused_segments']}; "
+                  f"nothing cached x{row['prefix_nothing_cached_over_full']:.2f} "
+                  f"full)  additive {row['additive_s']*1e3:7.1f} ms  "
                   f"hypic {row['hypic_s']*1e3:7.1f} ms  (layer-major {row['hypic_layer_major_s']*1e3:7.1f} ms)  "
                   f"x{row['speedup_vs_full']:.1f} vs full, x{row['speedup_vs_prefix']:.1f} vs prefix", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(config=CONFIG, threads=torch.get_num_threads(), rows=rows), indent=2))
+    out.write_text(json.dumps(dict(config=model["config"], model=model, threads=torch.get_num_threads(), rows=rows),
+                              indent=2))
     _plot(rows, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 

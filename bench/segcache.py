@@ -8,10 +8,10 @@ entry per size and reads it back, reporting the median over --reps of:
   memcpy      np.copyto of the same bytes into a pre-faulted buffer, in this process
   nixl        SegcacheClient.get_via_nixl into a pre-faulted, pre-registered buffer: lease RPC,
               NIXL READ (UCX) and release RPC -- what a reader pays end to end, no checksum
-  nixl+verify the same plus the reader's blake2b verification (the client default)
+  nixl+verify the same plus the reader's checksum verification (the client default)
   grpc        SegcacheClient.get over the gRPC stream (1 MiB and 4 MiB chunks), no checksum
   lmdb        the disk tier's read path in-process (SegmentStore._read_disk: LMDB read,
-              header + blake2b verification, copy out), warm page cache and cold (the file's
+              header + checksum verification, copy out), warm page cache and cold (the file's
               pages dropped with posix_fadvise(DONTNEED) after closing the env)
 
 Every read is checked byte-exact once per size before timing. Writes a table to stdout and
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     note = (f"At {big['size_bytes'] // MiB} MiB: "
             + ", ".join(f"{k.replace('_over_', '/')} = {v}" for k, v in ratios.items())
             + ". One 2-core machine: client and server share the cores; NIXL used UCX over "
-              "loopback (cma/shared memory); lmdb includes blake2b verification.")
+              "loopback (cma/shared memory); lmdb includes checksum verification (common.checksum).")
     print()
     print(note)
     print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")

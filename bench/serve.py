@@ -5,6 +5,9 @@ requests.
     python -m bench.serve                        # bundled model, the whole run (<= 15 min)
     python -m bench.serve --model DIR --quick    # a smoke run (any checkpoint; token ids when it
                                                  # has no tokenizer)
+    python -m bench.serve --base-url http://127.0.0.1:8000 [--trace FILE.jsonl]
+                                                 # a running deployment through its OpenAI front
+                                                 # (--address HOST:PORT: through gRPC); bench/remote.py
 
 What one run does (every number in bench/results/serve.json and cold.json comes from it):
 1. Starts the mesh as processes (hypic.launcher.Mesh: segcache, scatter x2, combine, router;
@@ -52,6 +55,7 @@ import hypic
 from bench import cold as C
 from bench import workloads as W
 from common.modes import LABELS, MODES
+from bench.random_model import RANDOM_LABEL
 from hypic.launcher import DEFAULT_MODEL, Mesh
 
 CACHED_MODES = tuple(m for m in MODES if m != "full")  # prefix, additive, hypic
@@ -604,6 +608,9 @@ def headline(serve: dict, cold: dict | None) -> dict:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--random-model", default="", metavar="SPEC",
+                    help="serve a random-weight model of this shape instead, e.g. hidden=1024,layers=16,ratio=3:1 "
+                         "(bench.random_model; timing only, labelled so; output files get the tag _random)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes everywhere")
@@ -640,6 +647,15 @@ def parse_args(argv=None):
     ap.add_argument("--no-cold", action="store_true")
     ap.add_argument("--data-dir", type=Path, default=None, help="mesh data dir (default: a fresh temp dir)")
     ap.add_argument("--tag", default="", help="suffix of the output files (serve<tag>.json ...)")
+    # a running deployment instead of a mesh of our own (bench/remote.py)
+    ap.add_argument("--base-url", default="", help="benchmark this OpenAI-compatible front "
+                    "(http://host:port) instead of starting a mesh")
+    ap.add_argument("--address", default="", help="benchmark this router (host:port) over gRPC")
+    ap.add_argument("--trace", type=Path, default=None, help="replay these requests (JSONL: "
+                    "segments, query, max_tokens, arrival_s) against --base-url / --address")
+    ap.add_argument("--mode", default="hypic", help="prefill mode of the --base-url/--address run")
+    ap.add_argument("--api-key", default="unused", help="the front's API key (--base-url)")
+    ap.add_argument("--served-model", default="", help="model id at --base-url (default: the first)")
     args = ap.parse_args(argv)
     if args.quick:
         args.corpus, args.doc_tokens, args.summ_pool, args.summ_tokens = 24, [16, 128], 6, [64, 192]
@@ -652,7 +668,28 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.base_url or args.address:
+        from bench import remote
+
+        return remote.main(args, argv if argv is not None else sys.argv[1:])
     t_start = time.perf_counter()
+    random_dir = None
+    if args.random_model:
+        from bench.random_model import describe, parse_spec, save_random_model
+
+        spec = parse_spec(args.random_model)
+        random_dir = Path(tempfile.mkdtemp(prefix="hypic-random-model-"))
+        args.model = save_random_model(spec, random_dir / "model", tokenizer_from=DEFAULT_MODEL)
+        args.tag = args.tag or "_random"
+        log(f"model: {describe(spec)}")
+    try:
+        return _main(args, argv, t_start)
+    finally:
+        if random_dir is not None:
+            shutil.rmtree(random_dir, ignore_errors=True)
+
+
+def _main(args, argv, t_start: float) -> dict:
     model = Path(args.model)
     if not (model / "config.json").exists():
         sys.exit(f"no model at {model} (config.json missing); pass --model DIR")
@@ -701,7 +738,8 @@ def main(argv=None) -> dict:
     cfg = enc.cfg
     serve = dict(
         command="python -m bench.serve " + " ".join(argv if argv is not None else sys.argv[1:]),
-        model=str(model.resolve().relative_to(ROOT) if model.resolve().is_relative_to(ROOT) else model),
+        model=_model_label(args, model),
+        random_weights=RANDOM_LABEL if args.random_model else None,
         model_type=cfg.get("model_type"), layer_types=cfg.get("layer_types"),
         payload="text" if enc.text else "token ids",
         machine=dict(cpus=os.cpu_count(), platform=platform.platform(), loadavg_start=load0,
@@ -741,6 +779,14 @@ def _json_default(o):
     if isinstance(o, Path):
         return str(o)
     raise TypeError(type(o).__name__)
+
+
+def _model_label(args, model: Path) -> str:
+    if args.random_model:
+        from bench.random_model import describe, parse_spec
+
+        return describe(parse_spec(args.random_model))
+    return str(model.resolve().relative_to(ROOT) if model.resolve().is_relative_to(ROOT) else model)
 
 
 def print_closing(h: dict, wall: float) -> None:

@@ -10,6 +10,11 @@ and reports fused/prefill - 1 (the overhead of caching T during a prefill) and s
 the median over rounds of the paired ratio (times are the best round).
 Then the time to compose n = 64 cached segments (compose_batched, one layer, all heads) vs the
 chunked prefill of the 64 segments' tokens that the composition replaces.
+Then, at model level (`--model`, the bundled model by default, and `--random-model`, a
+random-weight model of a realistic shape, timing only): a plain prefill of a segment (one
+forward) vs build_entry (the same forward with the fused kernel in every linear layer: what a
+scatter worker runs) vs build_entry_reference (forward, then features, summary and conv inputs
+again), seam 8; overhead = build/prefill - 1.
 Timings interleave the variants and keep the best of --reps runs; by default one thread and the
 process CPU clock, which stays meaningful when other jobs share the cores (--clock wall for wall time).
 Writes bench/results/transition.json.
@@ -86,6 +91,12 @@ def main(argv=None):
     ap.add_argument("--n-compose", type=int, default=64)
     ap.add_argument("--compose-seg-len", type=int, default=512)
     ap.add_argument("--json", default="bench/results/transition.json")
+    ap.add_argument("--model", default="models/hypic-tiny-qwen35", help="checkpoint for the model-level rows")
+    ap.add_argument("--random-model", default="hidden=1024,layers=16,ratio=3:1",
+                    help="spec of a random-weight model for the model-level rows (bench.random_model); '' skips")
+    ap.add_argument("--model-lengths", nargs="+", type=int, default=[512, 2048])
+    ap.add_argument("--model-reps", type=int, default=5)
+    ap.add_argument("--skip-kernels", action="store_true", help="model-level rows only")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=sorted(CLOCK), default="cpu",
                     help="cpu: process CPU time (robust when other jobs share the cores; use with 1 thread)")
@@ -103,7 +114,10 @@ def main(argv=None):
         q, k, v, g, beta = make_inputs(fam, max(a.lengths), H, K, V, gen)
         prefill_with_summary(fam, q, k, v, g=g, beta=beta)
         linear_attention(fam, q, k, v, g=g, beta=beta)
-    rows = []
+    model_rows = model_level(a)
+    rows, comp_rows = [], []
+    if a.skip_kernels:
+        a.families = []
     hdr = f"{'family':<15}{'T':>6}{'prefill ms':>12}{'fused ms':>10}{'summary ms':>12}{'fused ovh':>11}{'summ/prefill':>14}"
     print(hdr)
     print("-" * len(hdr))
@@ -128,7 +142,6 @@ def main(argv=None):
     hdr2 = f"{'family':<15}{'form':>8}{'compose ms':>12}{'per seg us':>12}{'prefill ms':>12}{'speedup':>10}"
     print(hdr2)
     print("-" * len(hdr2))
-    comp_rows = []
     for fam in a.families:
         q, k, v, g, beta = make_inputs(fam, n * L, H, K, V, gen)
         sl = lambda x, i: None if x is None else (x if x.dim() == 1 else x[:, i * L : (i + 1) * L])
@@ -148,9 +161,51 @@ def main(argv=None):
         os.makedirs(os.path.dirname(a.json), exist_ok=True)
         with open(a.json, "w") as f:
             json.dump(dict(torch=torch.__version__, threads=torch.get_num_threads(), clock=a.clock, H=H, K=K, V=V,
-                           loadavg=os.getloadavg()[0], build=rows, compose=comp_rows), f, indent=1)
+                           loadavg=os.getloadavg()[0], build=rows, compose=comp_rows, model_build=model_rows),
+                      f, indent=1)
         print(f"\nwrote {a.json}")
     return rows, comp_rows
+
+
+def model_level(a) -> list[dict]:
+    """build_entry (fused) and build_entry_reference vs a plain prefill, per model and length."""
+    import tempfile
+    from pathlib import Path
+
+    from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model
+    from common.engine import HybridEngine
+    from common.pic.reuse import build_entry, build_entry_reference
+
+    models = [(a.model, Path(a.model).name)] if a.model else []
+    tmp = tempfile.TemporaryDirectory()
+    if a.random_model:
+        spec = parse_spec(a.random_model)
+        models.append((str(save_random_model(spec, Path(tmp.name) / "random")), describe(spec)))
+    rows = []
+    hdr = f"{'model':<60}{'T':>6}{'prefill ms':>12}{'build ms':>10}{'ref ms':>10}{'build ovh':>11}{'ref ovh':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for path, label in models:
+        eng = HybridEngine.from_pretrained(path)
+        gen = torch.Generator().manual_seed(1)
+        for T in a.model_lengths:
+            ids = torch.randint(0, eng.vocab_size, (T,), generator=gen).tolist()
+            fns = {
+                "prefill": lambda: eng.forward(ids),
+                "build": lambda: build_entry(eng, ids, 8),
+                "reference": lambda: build_entry_reference(eng, ids, 8),
+            }
+            t = best_of(fns, a.model_reps, ratios=(("build", "prefill"), ("reference", "prefill")))
+            row = dict(model=label, random_weights=RANDOM_LABEL in label, T=T, seam=8, prefill_s=t["prefill"],
+                       build_s=t["build"], reference_s=t["reference"], build_overhead=t["build/prefill"] - 1,
+                       reference_overhead=t["reference/prefill"] - 1)
+            rows.append(row)
+            print(f"{label[:59]:<60}{T:>6}{t['prefill']*1e3:>12.1f}{t['build']*1e3:>10.1f}{t['reference']*1e3:>10.1f}"
+                  f"{100*row['build_overhead']:>10.1f}%{100*row['reference_overhead']:>8.1f}%", flush=True)
+        del eng
+    tmp.cleanup()
+    print()
+    return rows
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from common.models.base import HybridLM
 from common.pic import build_entry, prefill_segments
 from common.pic.entry import SegmentEntry, entry_layout
 from common.pic.prefix import PrefixCache
+from common.sampling import top_p_filter
 from common.state import ModelState, PrefillOutput
 
 __all__ = ["HybridEngine", "PrefillOutput", "pick_token"]
@@ -163,12 +164,15 @@ class HybridEngine:
         return tokens
 
 
-def pick_token(logits: torch.Tensor, temperature: float, top_k: int = 0, gen: torch.Generator | None = None) -> int:
-    """The next token: argmax at temperature 0, else a (top-k) sample; what generate() uses."""
+def pick_token(logits: torch.Tensor, temperature: float, top_k: int = 0, gen: torch.Generator | None = None,
+               top_p: float = 1.0) -> int:
+    """The next token: argmax at temperature 0, else a (top-k, then top-p) sample; what
+    generate() uses."""
     if temperature <= 0:
         return int(torch.argmax(logits))
     logits = logits.float() / temperature
     if top_k > 0:
         v, _ = torch.topk(logits, top_k)
         logits = logits.masked_fill(logits < v[-1], float("-inf"))
+    logits = top_p_filter(logits, top_p)
     return int(torch.multinomial(torch.softmax(logits, -1).cpu(), 1, generator=gen))

@@ -66,14 +66,21 @@ def set_tensor(module: nn.Module, dotted: str, value: torch.Tensor) -> None:
 
 def load_weights(model: nn.Module, reader: CheckpointReader, name_of, dtype: torch.dtype, device,
                  keep_fp32: tuple[str, ...] = ()) -> None:
-    """Fill every parameter of `model` from the checkpoint. `name_of(param_name) -> ckpt name or
-    None` (None: derived later, e.g. a tied lm_head). Parameters whose name ends with one of
-    `keep_fp32` stay fp32 (decay constants whose exp must not lose precision)."""
+    """Fill every parameter of `model` from the checkpoint. `name_of(param_name) -> ckpt name, a
+    tuple of names (concatenated on dim 0) or None` (None: derived later, e.g. a tied lm_head).
+    Parameters whose name ends with one of `keep_fp32` stay fp32 (decay constants whose exp must
+    not lose precision)."""
     for pname, p in list(model.named_parameters()):
         ckpt = name_of(pname)
         if ckpt is None:
             continue
-        t = reader.get(ckpt, tuple(p.shape))
+        if isinstance(ckpt, tuple):  # one parameter stored as several tensors: concatenated on dim 0
+            t = torch.cat([reader.get(n) for n in ckpt], 0)
+            if tuple(t.shape) != tuple(p.shape):
+                raise CheckpointError(f"{reader.arch}: weights {list(ckpt)} concatenate to shape {tuple(t.shape)}, "
+                                      f"the config implies {tuple(p.shape)}")
+        else:
+            t = reader.get(ckpt, tuple(p.shape))
         target = torch.float32 if pname.endswith(keep_fp32) else dtype
         set_tensor(model, pname, t.to(device=device, dtype=target))
     missing = [n for n, p in model.named_parameters() if p.is_meta]

@@ -6,12 +6,13 @@
 
 hypic.Client / hypic.AsyncClient (hypic.client), typed errors (hypic.errors), the local mesh
 launcher (hypic.launcher.Mesh; `hypic up`) and a grpc.health.v1 probe (hypic.healthcheck).
+TLS and API keys: hypic.Credentials / Client(..., tls_ca=, tls_cert=, tls_key=, api_key=).
 """
 
 from hypic import errors
-from hypic.client import (AsyncClient, AsyncTokenStream, Client, GenerateResult, Info, Timings,
-                          Token, TokenStream)
+from hypic.client import (AsyncClient, AsyncTokenStream, Client, Credentials, GenerateResult, Info,
+                          Timings, Token, TokenStream)
 from hypic.errors import HypicError
 
-__all__ = ["AsyncClient", "AsyncTokenStream", "Client", "GenerateResult", "HypicError", "Info",
+__all__ = ["AsyncClient", "AsyncTokenStream", "Client", "Credentials", "GenerateResult", "HypicError", "Info",
            "Timings", "Token", "TokenStream", "errors"]

@@ -1,18 +1,23 @@
 """The `hypic` command (also `python -m hypic`).
 
     hypic up [--model DIR] [--data-dir ./.hypic-data] [--scatter 2] [--port 50051] ...
-        start segcache, scatter × N, combine and the router on 127.0.0.1, wait until all are
+        start segcache, scatter × N, combine, the router and the OpenAI-compatible front
+        (http://127.0.0.1:8000/v1, --no-front to skip) on 127.0.0.1, wait until all are
         healthy, print the router address, run until Ctrl-C / SIGTERM, then stop everything.
     hypic generate --address HOST:PORT --segment TEXT [--segment-ids 1,2,3 ...] --query TEXT
         stream one generation to stdout (timings on stderr).
     hypic info --address HOST:PORT
     hypic health HOST:PORT [--service NAME]
+    hypic certs --out DIR
+        a throwaway CA and one certificate per role (`hypic up --tls` makes its own).
+generate, info and health take --tls-ca/--tls-cert/--tls-key (and --api-key) for a secured mesh.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -49,17 +54,23 @@ def cmd_up(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     extra: dict[str, list[str]] = {}
-    for kind in ("router", "segcache", "scatter", "combine"):
+    for kind in ("router", "segcache", "scatter", "combine", "front"):
         vals = getattr(args, f"{kind}_arg") or []
         if vals:
             extra[kind] = [a for v in vals for a in v.split()]
+        # Metrics on by default: an ephemeral Prometheus port per gRPC service (the front serves
+        # /metrics on its own port), unless the caller chose one or --no-metrics.
+        if kind != "front" and not args.no_metrics and "--metrics-port" not in extra.get(kind, []):
+            extra[kind] = ["--metrics-port", "0"] + extra.get(kind, [])
     mesh = Mesh(model, args.data_dir, args.scatter, n_combine=args.combine, host=args.host,
                 router_port=args.port, segcache_port=args.segcache_port,
                 scatter_ports=_ports(args.scatter_ports) if args.scatter_ports else None,
                 combine_ports=_ports(args.combine_ports) if args.combine_ports else None,
                 segcache=not args.no_segcache, seam=args.seam, dtype=args.dtype,
                 device=args.device, gpus=args.gpus.split(",") if args.gpus else None,
-                threads=args.threads, extra_args=extra, start_timeout_s=args.start_timeout)
+                threads=args.threads, extra_args=extra, start_timeout_s=args.start_timeout,
+                front=not args.no_front, front_port=args.front_port,
+                tls=args.tls, env={"HYPIC_ROUTER_API_KEY": args.api_key} if args.api_key else None)
     old = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         print(f"hypic up: starting {', '.join(mesh.names)} (logs in {mesh.log_dir})",
@@ -72,6 +83,18 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 1
         for name, addr in mesh.addresses.items():
             print(f"  {name:<10} {addr}  pid {mesh[name].pid}", file=sys.stderr)
+        metrics = {n: mesh[n].info.get("metrics_port") for n in mesh.services}
+        if any(metrics.values()):
+            print("hypic up: Prometheus metrics at " + ", ".join(
+                f"{n} http://{mesh[n].host}:{p}/metrics" for n, p in metrics.items() if p),
+                  file=sys.stderr)
+        if "front" in mesh.services:
+            print(f"hypic up: OpenAI-compatible API at {mesh.front_url}/v1 "
+                  f"(model {mesh.model.name}); metrics at {mesh.front_url}/metrics",
+                  file=sys.stderr)
+        if mesh.certs is not None:
+            print(f"  mutual TLS: --tls-ca {mesh.certs.ca} --tls-cert {mesh.certs.cert('client')} "
+                  f"--tls-key {mesh.certs.key('client')}", file=sys.stderr)
         print(f"hypic up: ready in {time.monotonic() - t0:.1f} s; Ctrl-C to stop",
               file=sys.stderr, flush=True)
         if args.json:
@@ -114,9 +137,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print("hypic generate: --query or --query-ids is needed", file=sys.stderr)
         return 2
     try:
-        with hypic.Client(args.address, timeout=args.timeout) as client:
+        with hypic.Client(args.address, timeout=args.timeout, **_credentials(args)) as client:
             kw = dict(max_tokens=args.max_tokens, temperature=args.temperature,
-                      top_k=args.top_k, seed=args.seed, mode=args.mode,
+                      top_k=args.top_k, top_p=args.top_p, seed=args.seed, mode=args.mode,
                       stop_at_eos=args.stop_at_eos)
             if args.json:
                 r = client.generate(segments, query, stream=False, **kw)
@@ -145,7 +168,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     import hypic
 
     try:
-        with hypic.Client(args.address) as client:
+        with hypic.Client(args.address, **_credentials(args)) as client:
             print(json.dumps(asdict(client.info(timeout=args.timeout)), indent=2))
     except hypic.HypicError as e:
         print(f"hypic info: {e}", file=sys.stderr)
@@ -156,7 +179,33 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_health(args: argparse.Namespace) -> int:
     from hypic.healthcheck import main as health_main
 
-    return health_main([args.address, "--service", args.service, "--timeout", str(args.timeout)])
+    tls = [a for name in ("ca", "cert", "key") if getattr(args, f"tls_{name}")
+           for a in (f"--tls-{name}", getattr(args, f"tls_{name}"))]
+    return health_main([args.address, "--service", args.service, "--timeout", str(args.timeout), *tls])
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from hypic.certs import ROLES, generate_mesh_certs
+
+    certs = generate_mesh_certs(args.out, args.names.split(",") if args.names else ROLES,
+                                extra_hosts=args.extra_host or (), days=args.days)
+    print(f"hypic certs: CA {certs.ca}; certificates and keys in {certs.dir}", file=sys.stderr)
+    return 0
+
+
+def _credentials(args: argparse.Namespace) -> dict[str, Any]:
+    return {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key,
+            "api_key": args.api_key}
+
+
+def _add_credential_flags(p: argparse.ArgumentParser, *, api_key: bool = True) -> None:
+    """--tls-ca/--tls-cert/--tls-key (and --api-key), defaulting to HYPIC_TLS_* / HYPIC_API_KEY."""
+    for name in ("ca", "cert", "key"):
+        p.add_argument(f"--tls-{name}", default=os.environ.get(f"HYPIC_TLS_{name.upper()}") or None,
+                       help=f"PEM file for TLS to the router [env HYPIC_TLS_{name.upper()}]")
+    if api_key:
+        p.add_argument("--api-key", default=os.environ.get("HYPIC_API_KEY") or None,
+                       help="sent as 'authorization: Bearer KEY' [env HYPIC_API_KEY]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,12 +232,20 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--device", default="cpu", help="torch device of scatter and combine")
     up.add_argument("--gpus", default="", help="CUDA ids, one per scatter then combine: 0,1,2")
     up.add_argument("--threads", type=int, default=None, help="torch threads per worker")
-    for kind in ("router", "segcache", "scatter", "combine"):
+    up.add_argument("--front-port", type=int, default=8000,
+                    help="port of the OpenAI-compatible HTTP front; 0 = ephemeral")
+    up.add_argument("--no-front", action="store_true", help="do not start the HTTP front")
+    up.add_argument("--no-metrics", action="store_true",
+                    help="no Prometheus ports for the gRPC services (on by default, ephemeral)")
+    for kind in ("router", "segcache", "scatter", "combine", "front"):
         up.add_argument(f"--{kind}-arg", action="append", metavar="FLAGS",
                         help=f"extra flags for {kind} (repeatable), e.g. '--log-level debug'")
     up.add_argument("--no-restart", action="store_true", help="do not restart crashed services")
     up.add_argument("--start-timeout", type=float, default=180.0, help="seconds")
     up.add_argument("--json", action="store_true", help="print every address as JSON")
+    up.add_argument("--tls", action="store_true", help="mutual TLS everywhere with a throwaway "
+                    "CA made in DATA_DIR/tls (the client certificate is printed)")
+    up.add_argument("--api-key", default=None, help="the router then requires this bearer key")
     up.set_defaults(func=cmd_up)
 
     gen = sub.add_parser("generate", help="one generation against a router")
@@ -202,25 +259,39 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--mode", default="hypic", type=str.lower, choices=sorted(MODES),
                      help=f"one of {', '.join(MODE_NAMES)} (naive: additive's old name)")
-    gen.add_argument("--stop-at-eos", action="store_true")
+    gen.add_argument("--stop-at-eos", action=argparse.BooleanOptionalAction, default=True,
+                     help="stop at the model's EOS token (default; --no-stop-at-eos runs on)")
     gen.add_argument("--timeout", type=float, default=120.0, help="seconds")
     gen.add_argument("--ids", action="store_true", help="print token ids when there is no text")
     gen.add_argument("--json", action="store_true", help="wait and print the result as JSON")
+    _add_credential_flags(gen)
     gen.set_defaults(func=cmd_generate)
 
     info = sub.add_parser("info", help="the router's model and mesh")
     info.add_argument("--address", default="127.0.0.1:50051")
     info.add_argument("--timeout", type=float, default=10.0)
+    _add_credential_flags(info)
     info.set_defaults(func=cmd_info)
 
     health = sub.add_parser("health", help="grpc.health.v1 probe of any service")
     health.add_argument("address")
     health.add_argument("--service", default="")
     health.add_argument("--timeout", type=float, default=2.0)
+    _add_credential_flags(health, api_key=False)
     health.set_defaults(func=cmd_health)
+
+    certs = sub.add_parser("certs", help="a throwaway CA and one certificate per mesh role")
+    certs.add_argument("--out", required=True, help="directory for ca.pem, NAME.pem, NAME.key")
+    certs.add_argument("--names", default="", help="comma list (default: "
+                       "segcache,scatter,combine,router,client)")
+    certs.add_argument("--extra-host", action="append", metavar="HOST",
+                       help="another host name every certificate is valid for (repeatable)")
+    certs.add_argument("--days", type=int, default=30)
+    certs.set_defaults(func=cmd_certs)
     return ap
 
 

@@ -17,6 +17,9 @@
         async for tok in client.generate(segments=[...], query="...", stream=True):
             ...
 
+A secured router (docs/security.md): Client(address, tls_ca="ca.pem", tls_cert=..., tls_key=...,
+api_key=...) or Client(address, credentials=hypic.Credentials(...)).
+
 Segments and the query are text (tokenized by the router) or token-id lists. gRPC errors are
 raised as the typed exceptions of hypic.errors (InvalidArgument, ResourceExhausted,
 Unavailable, DeadlineExceeded, ...). With stream=True they are raised while iterating.
@@ -24,17 +27,21 @@ Unavailable, DeadlineExceeded, ...). With stream=True they are raised while iter
 
 from __future__ import annotations
 
+import os
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Sequence, Union
 
 import grpc
 
 from hypic import errors
+from hypic.targets import balancing_options, channel_target
 from protos.hypic.v1 import router_pb2 as pb
 from protos.hypic.v1 import router_pb2_grpc as pb_grpc
 
 REQUEST_ID_KEY = "x-request-id"
+AUTHORIZATION_KEY = "authorization"
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 # Prefill mode names, read off the proto enum (PREFILL_MODE_ADDITIVE -> "additive"): the wire
 # contract is their one home on this side. "naive" (the additive ablation's old name, an enum
@@ -86,6 +93,8 @@ class Timings:
     misses: int = 0
     prompt_tokens: int = 0
     hits_by_tier: dict[str, int] = field(default_factory=dict)
+    cached_tokens: int = 0    # prompt tokens served from cache (segcache hits' bodies)
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     trace: tuple[SegmentTrace, ...] = ()  # per segment, in the final timings
 
     @classmethod
@@ -95,6 +104,8 @@ class Timings:
                    query_prefill_s=t.query_prefill_s, ttft_s=t.ttft_s, total_s=t.total_s,
                    segments=t.segments, hits=t.hits, misses=t.misses,
                    prompt_tokens=t.prompt_tokens, hits_by_tier=dict(t.hits_by_tier),
+                   cached_tokens=t.cached_tokens,
+                   cached_tokens_by_tier=dict(t.cached_tokens_by_tier),
                    trace=tuple(SegmentTrace(index=s.index, source=s.source, worker=s.worker, tier=s.tier,
                                             fetch_s=s.fetch_s, build_s=s.build_s, tokens=s.tokens,
                                             via_nixl=s.via_nixl) for s in t.trace))
@@ -151,8 +162,8 @@ def _segment(value: Any, what: str) -> pb.Segment:
 
 
 def build_request(segments: Sequence[SegmentLike], query: SegmentLike, *, max_tokens: int = 16,
-                  temperature: float = 0.0, top_k: int = 0, seed: int = 0, mode: str = "hypic",
-                  return_logits: bool = False, stop_at_eos: bool = False,
+                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                  mode: str = "hypic", return_logits: bool = False, stop_at_eos: bool = True,
                   request_id: str | None = None) -> pb.GenerateRequest:
     """The GenerateRequest for these arguments (client-side type checks only; the router
     validates the content)."""
@@ -167,8 +178,9 @@ def build_request(segments: Sequence[SegmentLike], query: SegmentLike, *, max_to
     return pb.GenerateRequest(
         segments=[_segment(s, f"segment {i}") for i, s in enumerate(segments)],
         query=_segment(query, "query"), max_tokens=max_tokens, temperature=float(temperature),
-        top_k=int(top_k), seed=int(seed), mode=mode_value, return_logits=bool(return_logits),
-        stop_at_eos=bool(stop_at_eos), request_id=request_id or uuid.uuid4().hex[:16])
+        top_k=int(top_k), top_p=float(top_p), seed=int(seed), mode=mode_value,
+        return_logits=bool(return_logits), stop_at_eos=bool(stop_at_eos),
+        request_id=request_id or uuid.uuid4().hex[:16])
 
 
 class _Accumulator:
@@ -210,11 +222,46 @@ class _Accumulator:
                               logits=self.logits, request_id=self.request_id)
 
 
+@dataclass
+class Credentials:
+    """How the SDK proves itself to a router (docs/security.md). tls_ca: verify the router's
+    certificate against this CA (PEM path; tls=True without it uses the system roots);
+    tls_cert/tls_key: a client certificate, for a router that demands one (mutual TLS);
+    api_key: sent as "authorization: Bearer <key>" on every call."""
+    tls: bool = False
+    tls_ca: str | os.PathLike[str] | None = None
+    tls_cert: str | os.PathLike[str] | None = None
+    tls_key: str | os.PathLike[str] | None = None
+    api_key: str | None = None
+
+    @property
+    def secure(self) -> bool:
+        return self.tls or any(p is not None for p in (self.tls_ca, self.tls_cert, self.tls_key))
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        read = lambda p: None if p is None else Path(p).read_bytes()  # noqa: E731
+        return grpc.ssl_channel_credentials(root_certificates=read(self.tls_ca),
+                                            private_key=read(self.tls_key),
+                                            certificate_chain=read(self.tls_cert))
+
+    def metadata(self, request_id: str | None = None) -> list[tuple[str, str]]:
+        md = [(REQUEST_ID_KEY, request_id)] if request_id else []
+        return md + ([(AUTHORIZATION_KEY, f"Bearer {self.api_key}")] if self.api_key else [])
+
+    def open(self, address: str, options: list, *, aio: bool) -> Any:
+        mod = grpc.aio if aio else grpc
+        if self.secure:
+            return mod.secure_channel(address, self.channel_credentials(), options=options)
+        return mod.insecure_channel(address, options=options)
+
+
 def _channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
     return [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2000)]
+            ("grpc.max_reconnect_backoff_ms", 2000)] + balancing_options()
 
 
 # ---- synchronous client ------------------------------------------------------------------------
@@ -285,11 +332,16 @@ class Client:
 
     def __init__(self, address: str, *, timeout: float | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 channel: grpc.Channel | None = None):
+                 channel: grpc.Channel | None = None, tls: bool = False,
+                 tls_ca: str | os.PathLike[str] | None = None,
+                 tls_cert: str | os.PathLike[str] | None = None,
+                 tls_key: str | os.PathLike[str] | None = None, api_key: str | None = None,
+                 credentials: Credentials | None = None):
         self.address = address
         self.timeout = timeout
-        self._channel = channel or grpc.insecure_channel(address,
-                                                         options=_channel_options(max_message_bytes))
+        self.credentials = credentials or Credentials(tls, tls_ca, tls_cert, tls_key, api_key)
+        self._channel = channel or self.credentials.open(
+            channel_target(address), _channel_options(max_message_bytes), aio=False)
         self._stub = pb_grpc.RouterStub(self._channel)
 
     def __enter__(self) -> "Client":
@@ -314,22 +366,25 @@ class Client:
     def info(self, *, timeout: float | None = None) -> Info:
         try:
             return Info.from_proto(self._stub.Info(pb.InfoRequest(),
-                                                   timeout=self._timeout(timeout) or 10.0))
+                                                   timeout=self._timeout(timeout) or 10.0,
+                                                   metadata=self.credentials.metadata()))
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 
     def generate(self, segments: Sequence[SegmentLike], query: SegmentLike, max_tokens: int = 16,
-                 *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, seed: int = 0,
+                 *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0,
                  mode: str = "hypic", timeout: float | None = None, return_logits: bool = False,
-                 stop_at_eos: bool = False, request_id: str | None = None
+                 stop_at_eos: bool = True, request_id: str | None = None
                  ) -> TokenStream | GenerateResult:
         """stream=True: a TokenStream (iterate it for Token events); stream=False: block until
         the generation ends and return a GenerateResult(tokens, text, timings, logits)."""
         req = build_request(segments, query, max_tokens=max_tokens, temperature=temperature,
-                            top_k=top_k, seed=seed, mode=mode, return_logits=return_logits,
+                            top_k=top_k, top_p=top_p, seed=seed, mode=mode,
+                            return_logits=return_logits,
                             stop_at_eos=stop_at_eos, request_id=request_id)
         call = self._stub.Generate(req, timeout=self._timeout(timeout),
-                                   metadata=[(REQUEST_ID_KEY, req.request_id)])
+                                   metadata=self.credentials.metadata(req.request_id))
         ts = TokenStream(call, req.request_id)
         if stream:
             return ts
@@ -392,11 +447,16 @@ class AsyncClient:
 
     def __init__(self, address: str, *, timeout: float | None = None,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 channel: grpc.aio.Channel | None = None):
+                 channel: grpc.aio.Channel | None = None, tls: bool = False,
+                 tls_ca: str | os.PathLike[str] | None = None,
+                 tls_cert: str | os.PathLike[str] | None = None,
+                 tls_key: str | os.PathLike[str] | None = None, api_key: str | None = None,
+                 credentials: Credentials | None = None):
         self.address = address
         self.timeout = timeout
-        self._channel = channel or grpc.aio.insecure_channel(
-            address, options=_channel_options(max_message_bytes))
+        self.credentials = credentials or Credentials(tls, tls_ca, tls_cert, tls_key, api_key)
+        self._channel = channel or self.credentials.open(
+            channel_target(address), _channel_options(max_message_bytes), aio=True)
         self._stub = pb_grpc.RouterStub(self._channel)
 
     async def __aenter__(self) -> "AsyncClient":
@@ -422,22 +482,25 @@ class AsyncClient:
     async def info(self, *, timeout: float | None = None) -> Info:
         try:
             return Info.from_proto(await self._stub.Info(pb.InfoRequest(),
-                                                         timeout=self._timeout(timeout) or 10.0))
+                                                         timeout=self._timeout(timeout) or 10.0,
+                                                         metadata=self.credentials.metadata()))
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e) from None
 
     def generate(self, segments: Sequence[SegmentLike], query: SegmentLike, max_tokens: int = 16,
-                 *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, seed: int = 0,
+                 *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int = 0,
                  mode: str = "hypic", timeout: float | None = None, return_logits: bool = False,
-                 stop_at_eos: bool = False, request_id: str | None = None):
+                 stop_at_eos: bool = True, request_id: str | None = None):
         """stream=True: an AsyncTokenStream (`async for tok in ...`); stream=False: a coroutine
         of GenerateResult (`await client.generate(..., stream=False)`)."""
         req = build_request(segments, query, max_tokens=max_tokens, temperature=temperature,
-                            top_k=top_k, seed=seed, mode=mode, return_logits=return_logits,
+                            top_k=top_k, top_p=top_p, seed=seed, mode=mode,
+                            return_logits=return_logits,
                             stop_at_eos=stop_at_eos, request_id=request_id)
         def start() -> AsyncTokenStream:
             call = self._stub.Generate(req, timeout=self._timeout(timeout),
-                                       metadata=[(REQUEST_ID_KEY, req.request_id)])
+                                       metadata=self.credentials.metadata(req.request_id))
             return AsyncTokenStream(call, req.request_id)
 
         if stream:

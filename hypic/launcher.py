@@ -11,7 +11,8 @@ benchmarks use the same class).
         mesh.addresses                     # {"segcache": ..., "scatter0": ..., "combine0": ..., "router": ...}
 
 Services and their order: segcache (LMDB under data_dir/segcache) → scatter0..m-1 and
-combine0..k-1 (in parallel; they need segcache's address) → router (it needs everybody's).
+combine0..k-1 (in parallel; they need segcache's address) → router (it needs everybody's)
+→ front (with front=True: the OpenAI-compatible HTTP API; ready when GET /health answers 200).
 Each is `python -m services.<kind> --port P --port-file F ...`; ready means it wrote its port
 file and answers grpc.health.v1 SERVING. Ports are ephemeral unless given; a restarted service
 keeps its port so the others' addresses stay valid. Logs go to data_dir/logs/<name>.log.
@@ -35,12 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from hypic.healthcheck import check
+from hypic.client import Credentials
+from hypic.healthcheck import check, http_check
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "models" / "hypic-tiny-qwen35"
 DEFAULT_DATA_DIR = Path(".hypic-data")
-KINDS = ("segcache", "scatter", "combine", "router")
+KINDS = ("segcache", "scatter", "combine", "router", "front")
 
 
 class MeshError(RuntimeError):
@@ -63,6 +65,7 @@ class Service:
     proc: subprocess.Popen | None = None
     info: dict = field(default_factory=dict)
     restarts: int = 0
+    credentials: Credentials | None = None  # how the launcher's health probes connect (TLS)
 
     @property
     def address(self) -> str:
@@ -128,12 +131,18 @@ class Service:
                 except (ValueError, KeyError):
                     pass  # written atomically, so only a foreign file; retry
                 else:
-                    if check(self.address, timeout=1.0):
+                    if self.answers():
                         return
             if time.monotonic() > deadline:
                 raise MeshError(f"{self.name} not healthy in time; log {self.log_path}:\n"
                                 f"{self.log_tail()}")
             time.sleep(0.05)
+
+    def answers(self, timeout: float = 1.0) -> bool:
+        """The health probe: grpc.health.v1 SERVING, or for the HTTP front GET /health 200."""
+        if self.kind == "front":
+            return http_check(self.address, timeout)
+        return check(self.address, timeout=timeout, credentials=self.credentials)
 
     def signal(self, sig: int) -> None:
         if self.alive():
@@ -185,14 +194,18 @@ class Mesh:
                  extra_args: Mapping[str, Sequence[str]] | None = None,
                  log_dir: str | os.PathLike[str] | None = None, start_timeout_s: float = 180.0,
                  grace_s: float = 10.0, python: str = sys.executable,
-                 die_with_parent: bool = True):
+                 die_with_parent: bool = True, front: bool = False, front_port: int = 0,
+                 tls: bool = False):
         """model: checkpoint directory (default: the bundled models/hypic-tiny-qwen35).
         n_scatter / n_combine: worker counts (n_scatter 0: misses are built on combine).
         segcache=False: no cache service. external_combine: combine addresses the router uses
         instead of (or besides) the ones started here (n_combine may then be 0).
         gpus: CUDA device ids, one per scatter worker and then one per combine (round-robin).
         threads: torch threads per model process (scatter/combine --threads).
-        extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}."""
+        front: also start the OpenAI-compatible HTTP front (services.front) on front_port.
+        extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}.
+        tls: mutual TLS everywhere, with a throwaway CA made in data_dir/tls (hypic/certs.py);
+        `client_credentials` is then what an SDK client needs (the "client" certificate)."""
         # Absolute paths: the children may run elsewhere than the caller's working directory.
         self.model = (Path(model) if model is not None else DEFAULT_MODEL).absolute()
         self.data_dir = Path(data_dir).absolute()
@@ -213,7 +226,10 @@ class Mesh:
         self.python = python
         self.die_with_parent = die_with_parent
         self.use_segcache = segcache
+        self.tls = tls
+        self.certs: Any = None  # hypic.certs.MeshCerts once started with tls
         self.external_combine = list(external_combine)
+        self.use_front = front
         if self.n_scatter < 0 or self.n_combine < 0:
             raise ValueError("n_scatter and n_combine must be >= 0")
         if self.n_combine == 0 and not self.external_combine:
@@ -222,10 +238,13 @@ class Mesh:
         combine_ports = list(combine_ports or [0] * self.n_combine)
         if len(scatter_ports) != self.n_scatter or len(combine_ports) != self.n_combine:
             raise ValueError("one port per scatter / combine worker")
-        self._ports = {"segcache": segcache_port, "router": router_port,
+        self._ports = {"segcache": segcache_port, "router": router_port, "front": front_port,
                        **{f"scatter{i}": p for i, p in enumerate(scatter_ports)},
                        **{f"combine{i}": p for i, p in enumerate(combine_ports)}}
         self.services: dict[str, Service] = {}
+        # name -> exit status at stop() of each service running then (0: a clean SIGTERM
+        # shutdown; < 0: died by a signal)
+        self.exit_codes: dict[str, int | None] = {}
         self._lock = threading.Lock()
         self._started = False
 
@@ -236,7 +255,7 @@ class Mesh:
         out = ["segcache"] if self.use_segcache else []
         out += [f"scatter{i}" for i in range(self.n_scatter)]
         out += [f"combine{i}" for i in range(self.n_combine)]
-        return out + ["router"]
+        return out + ["router"] + (["front"] if self.use_front else [])
 
     @property
     def addresses(self) -> dict[str, str]:
@@ -245,6 +264,11 @@ class Mesh:
     @property
     def router_address(self) -> str:
         return self.services["router"].address
+
+    @property
+    def front_url(self) -> str:
+        """http://host:port of the OpenAI-compatible front (its API is under /v1)."""
+        return f"http://{self.services['front'].address}"
 
     @property
     def segcache_address(self) -> str:
@@ -264,7 +288,7 @@ class Mesh:
 
     # ---- building each service ---------------------------------------------------------------------
     def service_args(self, kind: str, *, segcache: str = "", scatter: Sequence[str] = (),
-                     combine: Sequence[str] = ()) -> list[str]:
+                     combine: Sequence[str] = (), router: str = "") -> list[str]:
         """The flags (besides --host/--port/--port-file) a service of `kind` is started with."""
         if kind == "segcache":
             return ["--data-dir", str(self.data_dir / "segcache")]
@@ -281,6 +305,8 @@ class Mesh:
             if scatter:
                 args += ["--scatter-addresses", ",".join(scatter)]
             return args
+        if kind == "front":
+            return ["--model", str(self.model), "--router-addresses", router]
         raise ValueError(f"unknown service kind {kind!r}")
 
     def _service(self, name: str, kind: str, args: list[str], gpu: str | None = None) -> Service:
@@ -289,9 +315,21 @@ class Mesh:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         args = args + self.extra_args.get(kind, []) + (
             self.extra_args.get(name, []) if name != kind else [])
+        if self.certs is not None:
+            args = self.certs.flags(kind) + args
         return Service(name=name, kind=kind, args=args, run_dir=self.run_dir,
                        log_dir=self.log_dir, host=self.host, port=self._ports[name], env=env,
-                       python=self.python, die_with_parent=self.die_with_parent)
+                       python=self.python, die_with_parent=self.die_with_parent,
+                       credentials=self.client_credentials)
+
+    @property
+    def client_credentials(self) -> Credentials | None:
+        """The SDK's credentials for this mesh (None without tls):
+        hypic.Client(address, credentials=mesh.client_credentials)."""
+        if self.certs is None:
+            return None
+        return Credentials(tls_ca=self.certs.ca, tls_cert=self.certs.cert("client"),
+                           tls_key=self.certs.key("client"))
 
     def _gpu(self, i: int) -> str | None:
         return self.gpus[i % len(self.gpus)] if self.gpus else None
@@ -303,6 +341,10 @@ class Mesh:
         if not (self.model / "config.json").exists():
             raise MeshError(f"no model at {self.model} (config.json missing); pass another model")
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.tls and self.certs is None:
+            from hypic.certs import generate_mesh_certs  # cryptography: only when asked for
+
+            self.certs = generate_mesh_certs(self.data_dir / "tls")
         self._started = True
         atexit.register(self.stop)
         try:
@@ -334,6 +376,12 @@ class Mesh:
             self.services["router"] = router
             router.start()
             router.wait_ready(deadline)
+            if self.use_front:
+                front = self._service("front", "front", self.service_args(
+                    "front", router=router.address))
+                self.services["front"] = front
+                front.start()
+                front.wait_ready(deadline)
         except BaseException:
             self.stop()
             raise
@@ -343,18 +391,21 @@ class Mesh:
         """Stop everything: the router first, then the workers, segcache last."""
         with self._lock:
             order = [n for n in reversed(self.names) if n in self.services]
-            groups = [[n for n in order if n == "router"],
+            groups = [[n for n in order if n in ("front", "router")],
                       [n for n in order if n.startswith(("scatter", "combine"))],
                       [n for n in order if n == "segcache"]]
             for group in groups:
+                group = [n for n in group if self.services[n].alive()]  # not the ones killed before
                 for n in group:
                     self.services[n].signal(signal.SIGTERM)
                 deadline = time.monotonic() + self.grace_s
                 for n in group:
                     svc = self.services[n]
-                    if svc.wait(max(0.0, deadline - time.monotonic())) is None:
+                    code = svc.wait(max(0.0, deadline - time.monotonic()))
+                    if code is None:
                         svc.signal(signal.SIGKILL)
-                        svc.wait(10)
+                        code = svc.wait(10)
+                    self.exit_codes[n] = code
             self._started = False
             atexit.unregister(self.stop)
 
@@ -385,7 +436,7 @@ class Mesh:
 
     def healthy(self, name: str | None = None) -> bool:
         names = [name] if name else list(self.services)
-        return all(self.services[n].alive() and check(self.services[n].address, timeout=1.0)
+        return all(self.services[n].alive() and self.services[n].answers()
                    for n in names)
 
     def wait_healthy(self, names: Iterable[str] | None = None, timeout_s: float = 60.0) -> None:
@@ -402,7 +453,11 @@ class Mesh:
 
     def describe(self) -> dict[str, Any]:
         return {"router": self.router_address if "router" in self.services else None,
+                "front": self.front_url if "front" in self.services else None,
                 "model": str(self.model), "data_dir": str(self.data_dir),
                 "log_dir": str(self.log_dir),
+                "tls": None if self.certs is None else {
+                    "ca": str(self.certs.ca), "cert": str(self.certs.cert("client")),
+                    "key": str(self.certs.key("client"))},
                 "services": {n: {"address": s.address, "pid": s.pid}
                              for n, s in self.services.items()}}

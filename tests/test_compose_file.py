@@ -5,6 +5,7 @@ declared, GPUs are not shared, healthchecks call hypic.healthcheck on the servic
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from common.rpc.config import load_config
+from common.rpc.discovery import parse_target
 from service_configs import config_flags, service_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +61,7 @@ def test_every_command_is_a_real_module(compose) -> None:
         module = svc["command"][2]
         assert importlib.util.find_spec(module + ".__main__") is not None, f"{name}: {module}"
         kinds.add(kind_of(svc))
-    assert kinds == {"segcache", "scatter", "combine", "router"}
+    assert kinds == {"segcache", "scatter", "combine", "router", "front"}
 
 
 def test_flags_and_env_vars_are_config_fields(compose, configs) -> None:
@@ -71,7 +73,10 @@ def test_flags_and_env_vars_are_config_fields(compose, configs) -> None:
         for arg in svc["command"][3:]:
             if arg.startswith("--"):
                 assert arg in flags, f"{name}: {arg} is not a {cls.__name__} flag"
+        shared = {f"HYPIC_{f.name.upper()}" for f in dataclasses.fields(cls) if f.metadata.get("shared_env")}
         for var in svc.get("environment") or {}:
+            if var in shared:  # HYPIC_TLS_*: one name for the service and its healthcheck probe
+                continue
             assert var.startswith(prefix), f"{name}: {var} lacks the {prefix} prefix"
             assert var[len(prefix):].lower() in fields, f"{name}: {var} is not a {cls.__name__} field"
         assert configs[name][1].host == "0.0.0.0", f"{name} must listen beyond its container"
@@ -82,7 +87,9 @@ def test_addresses_and_ports_agree(compose, configs) -> None:
     port = {n: cfg.port for n, (_, cfg) in configs.items()}
 
     def points_to(address: str, kind: str, who: str) -> str:
-        host, p = split(address)
+        t = parse_target(address)  # dns:///name:port: compose's DNS answers every replica
+        assert t.is_dns or len(t.static) == 1, f"{who}: {address}"
+        host, p = (t.name, t.port) if t.is_dns else split(address)
         assert host in configs, f"{who}: {address} names no service"
         assert configs[host][0] == kind, f"{who}: {address} is not a {kind}"
         assert p == port[host], f"{who}: {address} but {host} listens on {port[host]}"
@@ -92,18 +99,22 @@ def test_addresses_and_ports_agree(compose, configs) -> None:
     assert len(routers) == 1
     rcfg = configs[routers[0]][1]
     points_to(rcfg.segcache_address, "segcache", "router")
-    scat = [points_to(a, "scatter", "router") for a in rcfg.scatters]
-    assert sorted(scat) == sorted(n for n, (k, _) in configs.items() if k == "scatter")
-    assert len(set(scat)) == len(scat)
-    for a in rcfg.combines:
-        points_to(a, "combine", "router")
+    # --scale scatter=N / combine=M: the router finds the replicas by name
+    assert rcfg.scatter_target.is_dns and rcfg.combine_target.is_dns
+    assert points_to(rcfg.scatter_addresses, "scatter", "router") == "scatter"
+    assert points_to(rcfg.combine_addresses, "combine", "router") == "combine"
+    fronts = [n for n, (k, _) in configs.items() if k == "front"]
+    for n in fronts:
+        for a in configs[n][1].routers:
+            points_to(a, "router", n)
+        assert str(configs[n][1].model) == str(rcfg.model), f"{n}: another model than the router's"
     for n, (k, cfg) in configs.items():
         if k in ("scatter", "combine"):
             points_to(cfg.segcache_address, "segcache", n)
             assert cfg.dtype == rcfg.dtype, f"{n}: dtype {cfg.dtype} != router's {rcfg.dtype}"
             assert str(cfg.model) == str(rcfg.model), f"{n}: another model than the router's"
             assert cfg.device.startswith("cuda")
-        if cfg.metrics_port >= 0:
+        if getattr(cfg, "metrics_port", -1) >= 0:
             assert cfg.metrics_port != cfg.port
         # healthcheck: the real module, on the service's own port
         test = services[n]["healthcheck"]["test"]
@@ -111,13 +122,14 @@ def test_addresses_and_ports_agree(compose, configs) -> None:
         assert importlib.util.find_spec("hypic.healthcheck") is not None
         assert split(test[4]) == ("127.0.0.1", cfg.port), (n, test)
         assert all(a in ("--quiet", "-q", "--service", "--timeout") or not a.startswith("-")
-                   for a in test[5:])
+                   for a in test[5:] if a != "--http")
+        assert ("--http" in test) == (k == "front"), f"{n}: HTTP probe only for the front"
         for dep in services[n].get("depends_on") or {}:
             assert dep in services, f"{n} depends on unknown {dep}"
         for mapping in services[n].get("ports") or []:
             assert int(str(mapping).split(":")[-1]) == cfg.port, (n, mapping)
     published = [n for n, s in services.items() if s.get("ports")]
-    assert published == routers, "only the router is published to the host"
+    assert published == routers + fronts, "only the router and the front are published"
 
 
 def test_volumes_gpus_and_image(compose, configs) -> None:
@@ -139,23 +151,51 @@ def test_volumes_gpus_and_image(compose, configs) -> None:
         if kind == "segcache":
             assert any(str(cfg.data_dir).startswith(t.rstrip("/") + "/") for t in targets), \
                 "segcache's LMDB must live on a volume"
-        if kind in ("scatter", "combine", "router"):
+        if kind in ("scatter", "combine", "router", "front"):
             assert any(str(cfg.model).startswith(t.rstrip("/") + "/") for t in targets), \
                 f"{n}: the model directory is not mounted"
         assert svc["build"]["dockerfile"] == "docker/Dockerfile" and svc["build"]["context"] == "."
-    gpus: dict[str, str] = {}
+    # GPUs: every scatter/combine replica sees all of them and claims a free one (claim-gpu,
+    # locks on one shared volume), so replicas of a scaled service never share a GPU.
+    claim = ROOT / "docker" / "claim-gpu"
+    assert claim.stat().st_mode & 0o111, "docker/claim-gpu must be executable"
     for n, (kind, _) in configs.items():
-        devs = (compose["services"][n].get("deploy", {}).get("resources", {})
-                .get("reservations", {}).get("devices", []))
-        ids = [i for d in devs for i in d.get("device_ids", [])]
+        svc = compose["services"][n]
+        devs = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
         if kind in ("scatter", "combine"):
-            assert len(ids) == 1, f"{n}: one GPU each"
-            assert all("gpu" in d.get("capabilities", []) for d in devs)
+            assert devs and all("gpu" in d.get("capabilities", []) for d in devs), n
+            assert svc.get("entrypoint") == ["claim-gpu"], f"{n}: claims no GPU"
+            mounts = {v["target"]: v["source"] for v in svc["volumes"] if isinstance(v, dict)}
+            assert mounts.get("/run/hypic-gpus") == "gpu-locks", f"{n}: no shared GPU locks"
         else:
-            assert ids == [], f"{n} needs no GPU"
-        for i in ids:
-            assert i not in gpus, f"GPU {i} given to {gpus[i]} and {n}"
-            gpus[i] = n
+            assert devs == [] and "entrypoint" not in svc, f"{n} needs no GPU"
     text = DOCKERFILE.read_text()
-    assert "nvidia/cuda" in text and '".[gpu]"' in text
+    assert "nvidia/cuda" in text and "ARG HYPIC_EXTRAS=gpu" in text
+    assert "claim-gpu" in text
     assert "requirements/base.txt" in text
+
+
+def test_mutual_tls_and_keys_come_from_declared_secrets(compose, configs) -> None:
+    """Every service serves mutual TLS from /run/secrets (files under ./secrets, never in the
+    image); segcache demands client certificates (the writer role is a certificate name), the
+    router an API key read from a secret."""
+    declared = compose.get("secrets") or {}
+    for src in declared.values():
+        assert src["file"].startswith("./secrets/"), src
+    for name, (kind, cfg) in configs.items():
+        mounted = {f"/run/secrets/{m['target']}": m["source"] for m in compose["services"][name]["secrets"]}
+        for m in mounted.values():
+            assert m in declared, f"{name}: secret {m} is not declared"
+        if kind == "front":  # HTTP; a client of the router: its CA and API key from secrets
+            assert str(cfg.router_tls_ca) in mounted and cfg.router_api_key[1:] in mounted
+            continue
+        for path in (cfg.tls_cert, cfg.tls_key, cfg.tls_ca):
+            assert str(path) in mounted, f"{name}: {path} is not a mounted secret"
+        assert "key" in mounted[str(cfg.tls_key)] and "cert" in mounted[str(cfg.tls_cert)]
+        if kind == "segcache":
+            assert cfg.mutual_tls and set(cfg.writer_names.split(",")) == {"scatter", "combine"}
+        if kind in ("scatter", "combine"):
+            assert mounted[str(cfg.tls_cert)] == f"{kind}-cert", f"{name}: not the {kind} identity"
+        if kind == "router":
+            assert cfg.api_key and cfg.api_key.startswith("@")
+            assert cfg.api_key[1:] in mounted

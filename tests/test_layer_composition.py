@@ -1,4 +1,5 @@
-"""Composition on the engine's real linear layers (Qwen3.5 GDN, Kimi KDA, NemotronH Mamba2), conv
+"""Composition on the engine's real linear layers (Qwen3.5 GDN, Kimi KDA, NemotronH Mamba2, Granite 4
+Mamba2, OLMo-hybrid GDN with beta in (0, 2), Ring/Ling KDA; MiniMax's conv-free lightning layer: its own file), conv
 included: segments summarised alone and composed == one run over the concatenation (fp32)."""
 import pytest
 import torch
@@ -8,7 +9,8 @@ from common.pic.reuse import _linear_body, run_warmup
 from kernels.linear_attn import compose, linear_attention
 from tiny import PIC_CONFIGS, save_tiny
 
-ARCHS = ["qwen3_5_text", "kimi_linear", "nemotron_h"]
+ARCHS = ["qwen3_5_text", "kimi_linear", "nemotron_h", "granitemoehybrid", "olmo_hybrid", "bailing_hybrid",
+         "jamba", "falcon_h1", "zamba2"]
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -18,8 +20,10 @@ def mixer(request, tmp_path_factory):
     mixer = next(layer for layer in eng.model.layers if layer.kind == "linear").mixer
     # Slow decays (as trained models have in many heads): with a random init's fast decays the
     # first segments are forgotten within a few tokens and every comparison would pass trivially.
+    # Ring/Ling's safe gate g = lower_bound * sigmoid(exp(A_log) * u) is slow for a *large* rate (u < 0).
+    rate = 16.0 if getattr(mixer, "safe_gate", False) else 0.02
     with torch.no_grad():
-        mixer.A_log.copy_(torch.log(torch.full_like(mixer.A_log, 0.02)))
+        mixer.A_log.copy_(torch.log(torch.full_like(mixer.A_log, rate)))
     return mixer
 
 

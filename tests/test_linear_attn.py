@@ -217,7 +217,7 @@ def test_dispatcher_and_decode_step(family, gen):
     q, k, v, g, beta = make_inputs(family, B, T, H, K, V, gen, "fast")
     S0 = torch.randn(B, H, K, V, generator=gen)
     o_ref, S_ref = linear_attention(family, q, k, v, g=g, beta=beta, initial_state=S0)
-    scale = 1.0 if family == "mamba2" else None
+    scale = 1.0 if family in ("mamba2", "mamba") else None
     o_n, S_n = naive_recurrent(q, k, v, g, beta, S0, scale, family in DELTA_FAMILIES)
     assert rel(o_ref, o_n) <= TOL and rel(S_ref, S_n) <= TOL
     S = S0.clone()

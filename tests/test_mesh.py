@@ -40,6 +40,7 @@ def mesh(model, tmp_path_factory):
     with Mesh(model, tmp_path_factory.mktemp("data"), n_scatter=2, threads=1, seam=SEAM,
               start_timeout_s=180, extra_args={"router": ["--max-prompt-tokens", "6000"]}) as m:
         yield m
+    assert m.exit_codes and all(c == 0 for c in m.exit_codes.values()), m.exit_codes  # clean SIGTERM exits
 
 
 def docs(seed: int, lengths) -> list[list[int]]:

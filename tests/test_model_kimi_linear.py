@@ -89,9 +89,10 @@ def test_matches_transformers(checkpoint):
     for tok, ref_logits in zip(ref_tokens, ref_step_logits):
         assert (logits - ref_logits).abs().max() < 1e-4
         logits, state = eng.decode_step(tok, state)
-    # The MLA state holds up-projected keys [B, heads, T, nope+rope] and values [B, heads, T, v].
+    # The MLA state holds what the model's own cache holds: the normed latent and k_rot, one shared
+    # head [B, 1, T, kv_lora_rank + rope]; the values are the latent (zero-width value tensor).
     attn = state.layers[eng.model.layer_kinds.index("attention")]
-    assert attn.keys.shape == (1, 4, 320, 24) and attn.values.shape == (1, 4, 320, 16)
+    assert attn.keys.shape == (1, 1, 320, 32 + 8) and attn.values.shape == (1, 1, 320, 0)
 
 
 def test_bf16_close_to_fp32(checkpoint):

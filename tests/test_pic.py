@@ -74,6 +74,37 @@ def test_prefix_mode_equals_full_when_it_reuses(engine, fresh_seed):
     assert (out.logits - full).abs().max() < 1e-4
 
 
+def test_one_pass_over_segments_equals_a_forward_per_segment(engine, fresh_seed):
+    """The prefix baseline's single pass (common.pic.prefix.forward_segments) leaves, at every
+    segment end, the state a forward per segment leaves -- from the start and after a prefix."""
+    from common.pic.prefix import forward_segments
+    from common.state import AttentionLayerState, LinearLayerState
+
+    segs, _ = random_prompt(engine, fresh_seed, (13, 2, 31, 5, 20))
+    for before in (None, engine.forward(segs[0])[2]):
+        rest = segs[1:] if before is not None else segs
+        got = forward_segments(engine, rest, before)
+        state = before
+        for j, seg in enumerate(rest):
+            _, _, state = engine.forward(seg, state)
+            assert got[j].seq_len == state.seq_len
+            for a, b in zip(got[j].layers, state.layers):
+                assert type(a) is type(b)
+                if isinstance(b, LinearLayerState):
+                    pairs = [(a.recurrent, b.recurrent), (a.conv, b.conv)]
+                elif isinstance(b, AttentionLayerState):
+                    pairs = [(a.keys, b.keys), (a.values, b.values)]
+                else:
+                    pairs = []
+                for x, y in pairs:
+                    if y is None:  # no conv (MiniMax's lightning attention)
+                        assert x is None
+                        continue
+                    assert x.shape == y.shape
+                    if y.numel():  # MLA latents keep zero-width values
+                        assert (x - y).abs().max() <= 1e-5 * max(1.0, y.abs().max())
+
+
 def test_entry_bytes_are_deterministic_and_round_trip(engine, fresh_seed, tmp_path):
     segs, _ = random_prompt(engine, fresh_seed, (37,))
     a = engine.build_entry(segs[0], seam=4).to_bytes()
@@ -87,6 +118,62 @@ def test_entry_bytes_are_deterministic_and_round_trip(engine, fresh_seed, tmp_pa
     bad[-10] ^= 0xFF
     with pytest.raises(EntryError, match="checksum"):
         SegmentEntry.from_bytes(bytes(bad))
+
+
+def test_entry_parse_views_the_buffer_and_matches_safetensors(engine, fresh_seed):
+    """from_bytes views a writable buffer (no copy) and gives exactly what safetensors' own
+    (copying) loader gives; entries of format version 1 (blake2b, unaligned payload) still parse."""
+    import hashlib
+    import json
+    import struct
+
+    import numpy as np
+    from safetensors.torch import load as st_load
+
+    segs, _ = random_prompt(engine, fresh_seed, (29,))
+    data = engine.build_entry(segs[0], seam=3).to_bytes()
+    (n,) = struct.unpack("<I", data[4:8])
+    assert (8 + n) % 8 == 0  # payload aligned
+    ref = st_load(data[8 + n:-16])
+    buf = np.frombuffer(bytearray(data), dtype=np.uint8)
+    e = SegmentEntry.from_bytes(buf)
+    lo, hi = buf.ctypes.data, buf.ctypes.data + buf.nbytes
+    views = [t for t in e._tensors().values() if t.numel()]
+    assert views and all(lo <= t.data_ptr() < hi for t in views)  # aliases the buffer
+    for k, t in e._tensors().items():
+        assert torch.equal(t, ref[k]), k
+    # version 1: blake2b hex digest, no padding (the payload may start misaligned)
+    header = json.loads(data[8:8 + n])
+    payload = data[8 + n:-16]
+    header.update(version=1, checksum=hashlib.blake2b(payload, digest_size=16).hexdigest())
+    hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b" "  # payload off by one
+    old = b"HYPE" + struct.pack("<I", len(hb)) + hb + payload
+    e1 = SegmentEntry.from_bytes(bytearray(old))
+    assert e1.to_bytes() == data
+    # every byte is covered: a flip in the header is refused as surely as one in a tensor
+    for at in (9, 8 + n + 20, len(data) - 30, len(data) - 1):
+        bad = bytearray(data)
+        bad[at] ^= 0x10
+        with pytest.raises(EntryError):
+            SegmentEntry.from_bytes(bad)
+
+
+@pytest.mark.parametrize("length,seam", [(37, 4), (2, 8), (60, 0), (9, 8), (3, 1), (71, 16)])
+def test_fused_build_equals_the_reference_build(engine, fresh_seed, length, seam):
+    """build_entry (T from the forward's own fused kernel) against build_entry_reference (plain
+    forward, then features and summary again): same tensors up to float32 round-off (the fused
+    kernel orders the sums differently, and S(C|0) is recovered as end - T . start)."""
+    from common.pic.reuse import build_entry_reference
+
+    segs, _ = random_prompt(engine, fresh_seed, (length,))
+    got, ref = engine.build_entry(segs[0], seam).__dict__, build_entry_reference(engine, segs[0], seam).__dict__
+    a, b = SegmentEntry(**got)._tensors(), SegmentEntry(**ref)._tensors()
+    assert a.keys() == b.keys() and [type(x) for x in got["layers"]] == [type(x) for x in ref["layers"]]
+    assert [getattr(x, "form", None) for x in got["layers"]] == [getattr(x, "form", None) for x in ref["layers"]]
+    for k in a:
+        assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
+        if a[k].numel():
+            assert (a[k] - b[k]).abs().max() <= 1e-5 * max(1.0, b[k].abs().max()), k
 
 
 def test_entry_is_identical_in_another_process(tmp_path):

@@ -325,7 +325,7 @@ def mesh(tmp_path_factory):
         ra.wait_ready(deadline)
         rb.wait_ready(deadline)
         yield {"model": model, "segcache": seg, "a": ra, "b": rb, "hole": hole_c.address}
-        for svc in (ra, rb):  # graceful shutdown on SIGTERM
+        for svc in (ra, rb, seg):  # graceful shutdown on SIGTERM
             assert svc.stop(grace_s=15) == 0, svc.log_tail()
     finally:
         for svc in (ra, rb, seg):

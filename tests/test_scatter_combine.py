@@ -121,6 +121,10 @@ class Mesh:
             s.kill()
         self._dead.close()
 
+    def stop(self) -> dict[str, int]:
+        """SIGTERM every service still running; their exit statuses (0: clean)."""
+        return {s.name: s.terminate() for s in self.services if s.alive()}
+
 
 @pytest.fixture(scope="module")
 def workdir():
@@ -161,6 +165,8 @@ def mesh(request, workdir):
         codes = {s.name: s.terminate() for s in (m.combine, m.scatter)}
         assert codes == {"combine": 0, "scatter": 0}, codes
         assert '"event": "stopped"' in m.combine.log() and '"event": "stopped"' in m.scatter.log()
+        rest = m.stop()  # segcache and whatever a test started
+        assert rest and all(c == 0 for c in rest.values()), rest
     finally:
         m.close()
 

@@ -40,6 +40,7 @@ def mesh(tmp_path_factory):
         yield m
     hung.close()
     assert not any(s.alive() for s in m.services.values())
+    assert m.exit_codes and all(c == 0 for c in m.exit_codes.values()), m.exit_codes  # clean SIGTERM exits
 
 
 def test_mesh_addresses_and_info(mesh) -> None:
@@ -218,6 +219,7 @@ def full_mesh(tmp_path_factory):
     with Mesh(model, base / "data", n_scatter=1, threads=1, start_timeout_s=150,
               extra_args={"segcache": ["--host-bytes", "16MiB", "--disk-bytes", "64MiB"]}) as m:
         yield m
+    assert m.exit_codes and all(c == 0 for c in m.exit_codes.values()), m.exit_codes  # clean SIGTERM exits
 
 
 def test_generate_end_to_end(full_mesh) -> None:

@@ -101,8 +101,10 @@ def launch(tmp_path: Path):
         return p.start()
 
     yield _launch
+    codes = {p.log_path.name: p.terminate() for p in procs if p.alive()}  # clean SIGTERM exits
     for p in procs:
         p.kill()
+    assert all(c == 0 for c in codes.values()), codes
 
 
 def arun(coro):

@@ -88,3 +88,52 @@ PIC_CONFIGS["kimi_linear"] = dict(
     layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
     mlp_layer_types=["dense"] * 4,
 )
+# #18: Granite 4 (Mamba2 + NoPE attention, MoE), MiniMax (lightning), OLMo hybrid (GDN, beta in
+# (0, 2); RoPE here to exercise re-rotation), Ring / Ling 2.5 (KDA + MLA with interleaved RoPE).
+PIC_CONFIGS["granitemoehybrid"] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=32, shared_intermediate_size=64, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=8, mamba_d_state=16, mamba_n_groups=2,
+    mamba_chunk_size=64, initializer_range=0.1, num_local_experts=4, num_experts_per_tok=2,
+    layer_types=["linear_attention", "attention", "linear_attention", "linear_attention"],
+    embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=1.5,
+)
+PIC_CONFIGS["minimax"] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, initializer_range=0.1,
+    block_size=16, layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+)
+PIC_CONFIGS["olmo_hybrid"] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+    linear_value_head_dim=16, initializer_range=0.1, pad_token_id=0, eos_token_id=1,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+)
+PIC_CONFIGS["bailing_hybrid"] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
+    num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
+    n_group=2, topk_group=1, first_k_dense_replace=1, kv_lora_rank=32, qk_rope_head_dim=8,
+    qk_nope_head_dim=16, v_head_dim=16, initializer_range=0.1, pad_token_id=0, eos_token_id=1,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+)
+PIC_CONFIGS["jamba"] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2, expert_layer_offset=1,
+    num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_expand=2, initializer_range=0.1,
+)
+# Falcon-H1 with every muP multiplier away from 1 and a gated norm (the other variant in its test)
+PIC_CONFIGS["falcon_h1"] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16, mamba_n_groups=2,
+    mamba_d_state=16, mamba_chunk_size=64, mamba_rms_norm=True, mamba_norm_before_gate=False,
+    initializer_range=0.1, embedding_multiplier=1.5, lm_head_multiplier=0.8, key_multiplier=0.7,
+    attention_in_multiplier=1.2, attention_out_multiplier=0.9, ssm_in_multiplier=1.1, ssm_out_multiplier=0.8,
+    ssm_multipliers=[0.9, 1.1, 0.8, 1.2, 1.3], mlp_multipliers=[1.2, 0.7],
+)
+# Zamba2: two shared blocks used in turn by three hybrid layers, LoRA adapters, RoPE (MHA: transformers'
+# q/k/v adapters are [2D -> 2D], so they only fit when num_key_value_heads == num_attention_heads)
+PIC_CONFIGS["zamba2"] = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=5, num_attention_heads=4,
+    num_key_value_heads=4, n_mamba_heads=4, mamba_d_state=16, mamba_ngroups=2, num_mem_blocks=2,
+    layers_block_type=["mamba", "hybrid", "hybrid", "mamba", "hybrid"], use_shared_attention_adapter=True,
+    adapter_rank=8, use_mem_rope=True, initializer_range=0.1,
+)

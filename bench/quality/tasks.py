@@ -34,6 +34,19 @@ from pathlib import Path
 
 # -- the language ------------------------------------------------------------------------------
 SPECIALS = ["<pad>", "<unk>", "<doc>", "<q>", "<a>", "<eos>"]
+
+# The chat template saved with the tokenizer (what the OpenAI front applies to each message alone):
+# a document segment is "<doc> text", the query (the last user message) "<q> text <a>".
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- set content = message['content'] | trim -%}"
+    "{%- if loop.last and add_generation_prompt and message['role'] == 'user' -%}"
+    "{{- content if content.startswith('<q>') else '<q> ' + content + ' <a>' -}}"
+    "{%- else -%}"
+    "{{- content if content.startswith('<doc>') else '<doc> ' + content -}}"
+    "{%- endif -%}"
+    "{%- if not loop.last %} {% endif -%}"
+    "{%- endfor -%}")
 # the update task asks with retrieval's word: "find" always means the key's current (last) value
 TASK_WORDS = {"retrieval": "find", "two_hop": "chain", "aggregation": "count", "update": "find"}
 TASKS = tuple(TASK_WORDS)
@@ -327,6 +340,7 @@ def train_tokenizer(out_dir: Path | str):
         tokenizer_object=tok, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>", bos_token="<doc>",
         model_max_length=4096,
     )
+    fast.chat_template = CHAT_TEMPLATE
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(out_dir))

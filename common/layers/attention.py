@@ -1,6 +1,7 @@
 """Causal attention of new queries over a per-layer key/value state."""
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from common.state import AttentionLayerState
 
@@ -15,22 +16,68 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     """q [B, Hq, Tq, D]; keys/values [B, Hkv, Tk, D] whose last Tq entries belong to the queries.
 
     Query i sees keys 0 .. Tk - Tq + i (everything before it plus itself). Returns [B, Tq, Hq, Dv].
+    `causal_attention_reference` is the plain definition; tests hold the two together.
     """
     Tq, Tk = q.shape[2], keys.shape[2]
-    n_rep = q.shape[1] // keys.shape[1]
-    if n_rep > 1:
-        keys = keys.repeat_interleave(n_rep, dim=1)
-        values = values.repeat_interleave(n_rep, dim=1)
+    if 1 < Tq < Tk and _CPU_FLASH is not None and q.device.type == "cpu" and q.shape[-1] == values.shape[-1]:
+        return _past_and_diagonal(q, keys, values, scale).transpose(1, 2)
+    keys, values = _repeat_kv(keys, values, q.shape[1])
     if Tq == 1:
         out = F.scaled_dot_product_attention(q, keys, values, scale=scale)
     elif Tq == Tk:
         out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale)
-    else:
-        past = Tk - Tq
-        i = torch.arange(Tq, device=q.device)[:, None]
-        j = torch.arange(Tk, device=q.device)[None, :]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=j <= past + i, scale=scale)
+    else:  # other devices: a lower-right causal bias, which CUDA kernels take without a mask
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal_lower_right(Tq, Tk), scale=scale)
     return out.transpose(1, 2)
+
+
+# The CPU flash kernel returns the log-sum-exp beside the output, which lets two attention calls
+# over disjoint key ranges be merged exactly. (A [Tq, Tk] boolean mask would become a float mask
+# inside SDPA, cost ~20% at 2x2048 and stop the kernel from skipping masked blocks.)
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _past_and_diagonal(q, keys, values, scale) -> torch.Tensor:
+    """Causal attention with an offset: the past keys (no mask) and the queries' own block
+    (is_causal) in two flash calls, merged by log-sum-exp. Returns [B, Hq, Tq, Dv]."""
+    B, Hq, Tq, D = q.shape
+    Hkv, past = keys.shape[1], keys.shape[2] - Tq
+    n_rep = Hq // Hkv
+    # past block: query heads grouped by their kv head, so no key/value copy per query head
+    o_p, lse_p = _CPU_FLASH(q.reshape(B, Hkv, n_rep * Tq, D), keys[:, :, :past], values[:, :, :past],
+                            0.0, False, scale=scale)
+    o_p, lse_p = o_p.reshape(B, Hq, Tq, -1), lse_p.reshape(B, Hq, Tq)
+    k_d, v_d = _repeat_kv(keys[:, :, past:], values[:, :, past:], Hq)
+    o_d, lse_d = _CPU_FLASH(q, k_d, v_d, 0.0, True, scale=scale)
+    lse = torch.logaddexp(lse_p, lse_d)
+    w_p, w_d = (lse_p - lse).exp()[..., None], (lse_d - lse).exp()[..., None]
+    return (o_p.float() * w_p + o_d.float() * w_d).to(q.dtype)
+
+
+def _repeat_kv(keys, values, n_heads: int):
+    n_rep = n_heads // keys.shape[1]
+    if n_rep > 1:
+        keys = keys.repeat_interleave(n_rep, dim=1)
+        values = values.repeat_interleave(n_rep, dim=1)
+    return keys, values
+
+
+def causal_attention_reference(q, keys, values, scale: float) -> torch.Tensor:
+    """The definition, in float64 math: softmax over keys 0 .. Tk - Tq + i for query i."""
+    Tq, Tk = q.shape[2], keys.shape[2]
+    keys, values = _repeat_kv(keys, values, q.shape[1])
+    scores = (q.double() @ keys.double().transpose(-1, -2)) * scale
+    i = torch.arange(Tq, device=q.device)[:, None]
+    j = torch.arange(Tk, device=q.device)[None, :]
+    scores = scores.masked_fill(j > Tk - Tq + i, float("-inf"))
+    return (scores.softmax(-1) @ values.double()).to(q.dtype).transpose(1, 2)
+
+
+def attention_values(mixer, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The values a mixer attends over: its stored values, or for MLA latents (Kimi, whose values
+    are the first `latent_values` channels of the keys, stored once) a view of the keys."""
+    n = getattr(mixer, "latent_values", None)
+    return keys[..., :n] if n else values
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: AttentionLayerState | None, scale: float,

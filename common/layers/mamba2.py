@@ -27,7 +27,7 @@ from torch import nn
 from common.layers.conv import causal_conv
 from common.layers.norm import GatedRMSNorm
 from common.state import LinearLayerState
-from kernels.linear_attn import linear_attention, recurrent_step
+from kernels.linear_attn import linear_attention, operand_dtype, recurrent_step
 
 
 class Mamba2Mixer(nn.Module):
@@ -65,7 +65,8 @@ class Mamba2Mixer(nn.Module):
     def features(self, x: torch.Tensor, conv_tail: torch.Tensor | None, clamp_dt: bool = True):
         """Everything before the recurrence: (q, k, v, g, beta=None, (z, x_heads), new conv tail).
 
-        q = C, k = B [B,T,H,N] fp32; v = dt*x [B,T,H,P] fp32; g = dt*A [B,T,H] fp32."""
+        q = C, k = B [B,T,H,N], v = dt*x [B,T,H,P] in the kernels' operand dtype (fp32 on the torch
+        path, the model's on fla); g = dt*A [B,T,H] fp32."""
         Bsz, T, _ = x.shape
         H, P, N, G = self.n_heads, self.head_dim, self.state_size, self.n_groups
         z, xbc, dt = torch.split(self.in_proj(x), [self.intermediate, self.conv_dim, H], dim=-1)
@@ -73,8 +74,9 @@ class Mamba2Mixer(nn.Module):
                                 act=self.activation)
         xs, b, c = torch.split(xbc.transpose(1, 2), [self.intermediate, G * N, G * N], dim=-1)
         xs = xs.reshape(Bsz, T, H, P)
-        b = b.reshape(Bsz, T, G, N).float()
-        c = c.reshape(Bsz, T, G, N).float()
+        op = operand_dtype(x.device, x.dtype)  # fp32 on the torch path, the model's on fla
+        b = b.reshape(Bsz, T, G, N).to(op)
+        c = c.reshape(Bsz, T, G, N).to(op)
         if G != H:
             b = b.repeat_interleave(H // G, dim=2)
             c = c.repeat_interleave(H // G, dim=2)
@@ -82,7 +84,7 @@ class Mamba2Mixer(nn.Module):
         if clamp_dt:
             dt = dt.clamp(min=self.dt_limit[0], max=self.dt_limit[1])
         g = dt * -self.A_log.float().exp()
-        v = xs.float() * dt.unsqueeze(-1)
+        v = (xs.float() * dt.unsqueeze(-1)).to(op)
         return c, b, v, g, None, (z, xs), tail
 
     def output(self, o: torch.Tensor, aux, dtype) -> torch.Tensor:

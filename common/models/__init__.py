@@ -13,6 +13,13 @@ MODEL_REGISTRY: dict[str, str] = {
     "kimi_linear": "common.models.kimi_linear:KimiLinearLM",
     "nemotron_h": "common.models.nemotron_h:NemotronHLM",
     "bamba": "common.models.bamba:BambaLM",
+    "granitemoehybrid": "common.models.granitemoehybrid:GraniteMoeHybridLM",
+    "minimax": "common.models.minimax:MiniMaxLM",
+    "olmo_hybrid": "common.models.olmo_hybrid:OlmoHybridLM",
+    "bailing_hybrid": "common.models.bailing_hybrid:BailingHybridLM",
+    "jamba": "common.models.jamba:JambaLM",
+    "falcon_h1": "common.models.falcon_h1:FalconH1LM",
+    "zamba2": "common.models.zamba2:Zamba2LM",
 }
 
 # Composite configs (vision-language wrappers) whose text model we serve.

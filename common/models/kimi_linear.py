@@ -15,8 +15,11 @@ sigmoid(b_proj(x)), scale = head_dim^-0.5. The output goes through an RMSNorm ga
 (not SiLU) of g_b(g_a(x)).
 
 MLA: keys = [kv_b(norm(latent))_nope, k_rot shared over heads] where k_rot is the raw projection
-(no rotary is applied), values = kv_b(...)_v; scale = (nope + rope)^-0.5. The layer state keeps
-the up-projected keys [B,H,T,nope+rope] and values [B,H,T,v_head_dim].
+(no rotary is applied), values = kv_b(...)_v; scale = (nope + rope)^-0.5. The layer state (and so
+a PIC entry) keeps what the model's own KV cache holds: the normed latent c and k_rot, one shared
+"head" [B,1,T,kv_lora_rank+rope], and zero-width values (the values ARE the latent: the first
+kv_lora_rank key channels, `latent_values`). Attention runs with the up-projection absorbed:
+q_lat = W_uk^T q_nope per head, scores = [q_lat; q_rot] . [c; k_rot], o = W_uv (softmax . c).
 """
 from __future__ import annotations
 
@@ -24,13 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.layers.attention import attend
+from common.layers.attention import append_kv, attend, causal_attention
 from common.layers.conv import causal_conv
 from common.layers.mlp import GatedMLP, activation
 from common.layers.norm import RMSNorm
 from common.models.base import ForwardContext, HybridLM
 from common.state import AttentionLayerState, LinearLayerState
-from kernels.linear_attn import linear_attention, recurrent_step
+from kernels.linear_attn import linear_attention, operand_dtype, recurrent_step
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -108,7 +111,7 @@ class KimiDeltaAttention(nn.Module):
     def features(self, x: torch.Tensor, conv_tail: torch.Tensor | None):
         """Everything before the recurrence: (q, k, v, g, beta, out_gate, new conv tail).
 
-        q, k [B,T,H,K] fp32 L2-normalised; v [B,T,H,V] (model dtype); g [B,T,H,K] fp32 log-decay;
+        q, k [B,T,H,K] L2-normalised in fp32, in the kernels' operand dtype; v [B,T,H,V] (model dtype); g [B,T,H,K] fp32 log-decay;
         beta [B,T,H] fp32; out_gate [B,T,H,V] (model dtype); tail [B, 3*dim, kernel-1].
         """
         B, T, _ = x.shape
@@ -116,8 +119,9 @@ class KimiDeltaAttention(nn.Module):
         mixed, tail = causal_conv(mixed.transpose(1, 2), self.conv_weight(), None, conv_tail, act="silu")
         q, k, v = torch.split(mixed.transpose(1, 2), [self.dim] * 3, dim=-1)
         shape = (B, T, self.n_heads, self.head_dim)
-        q = l2norm(q.reshape(shape).float())
-        k = l2norm(k.reshape(shape).float())
+        dt = operand_dtype(x.device, x.dtype)  # fp32 on the torch path, the model's on fla
+        q = l2norm(q.reshape(shape).float()).to(dt)
+        k = l2norm(k.reshape(shape).float()).to(dt)
         v = v.reshape(shape)
         g = self.gate(x)
         beta = self.b_proj(x).float().sigmoid()
@@ -163,20 +167,34 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(self.n_heads * self.v_dim, self.hidden, bias=bias)
         self.scale = self.qk_dim**-0.5
 
+    @property
+    def latent_values(self) -> int:
+        """The values are the first kv_lora_rank channels of the cached keys (stored once)."""
+        return self.kv_lora_rank
+
+    def _up_weights(self):
+        """kv_b_proj split per head: W_uk [H, nope, r], W_uv [H, v_dim, r]."""
+        w = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.kv_lora_rank)
+        return w[:, : self.nope], w[:, self.nope :]
+
     def qkv(self, x: torch.Tensor):
-        """q [B,H,T,nope+rope], k [B,H,T,nope+rope], v [B,H,T,v_dim] (keys/values up-projected)."""
+        """Absorbed query q [B,H,T,r+rope]; the latent key [B,1,T,r+rope] = [norm(c); k_rot]; zero-width
+        values [B,1,T,0] (the values are the keys' first r channels)."""
         B, T, _ = x.shape
         if self.q_lora_rank is None:
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = q.view(B, T, self.n_heads, self.qk_dim).transpose(1, 2)
+        q_nope, q_rot = torch.split(q.view(B, T, self.n_heads, self.qk_dim).transpose(1, 2),
+                                    [self.nope, self.rope], dim=-1)
+        w_uk, _ = self._up_weights()
+        q_lat = torch.matmul(q_nope, w_uk)  # [B,H,T,r]: q_nope . (W_uk c) == (W_uk^T q_nope) . c
         latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [self.kv_lora_rank, self.rope], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, T, self.n_heads, self.nope + self.v_dim)
-        k_nope, v = torch.split(kv.transpose(1, 2), [self.nope, self.v_dim], dim=-1)
-        k_rot = k_rot.view(B, 1, T, self.rope).expand(B, self.n_heads, T, self.rope)
-        k = torch.cat([k_nope, k_rot], dim=-1)
-        return q, k, v.contiguous()
+        k = torch.cat([self.kv_a_layernorm(latent), k_rot], dim=-1).unsqueeze(1)
+        return torch.cat([q_lat, q_rot], dim=-1), k, k.new_zeros(B, 1, T, 0)
+
+    def expand_values(self, keys: torch.Tensor) -> torch.Tensor:
+        return keys[..., : self.kv_lora_rank]
 
     def rerotate(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
         """Kimi's MLA has no rotary: cached keys hold at any position as they are."""
@@ -185,9 +203,14 @@ class MLAttention(nn.Module):
     def forward(self, x, state: AttentionLayerState | None, ctx: ForwardContext):
         B, T, _ = x.shape
         q, k, v = self.qkv(x)
-        o, new_state = attend(q, k, v, state, self.scale, ctx)
-        o = o.reshape(B, T, -1)
-        return self.o_proj(o), new_state
+        if ctx is not None and ctx.plan is not None:
+            o, new_state = attend(q, k, v, state, self.scale, ctx)  # the plan reads latent_values
+        else:
+            new_state = append_kv(state, k, v)
+            o = causal_attention(q, new_state.keys, self.expand_values(new_state.keys), self.scale)
+        _, w_uv = self._up_weights()
+        o = torch.matmul(o.transpose(1, 2), w_uv.transpose(1, 2))  # [B,H,T,r] -> [B,H,T,v_dim]
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1)), new_state
 
 
 class KimiExpert(nn.Module):

@@ -17,7 +17,7 @@ from common.layers.norm import GatedRMSNorm, RMSNorm
 from common.layers.rotary import RotaryEmbedding
 from common.models.base import ForwardContext, HybridLM
 from common.state import LinearLayerState
-from kernels.linear_attn import linear_attention, recurrent_step
+from kernels.linear_attn import linear_attention, operand_dtype, recurrent_step
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -64,15 +64,18 @@ class GatedDeltaNet(nn.Module):
     def features(self, x: torch.Tensor, conv_tail: torch.Tensor | None):
         """Everything before the recurrence: (q, k, v, g, beta, z, new conv tail).
 
-        q, k [B,T,Hv,dk] fp32 (l2-normalised, repeated to the value heads), v [B,T,Hv,dv],
+        q, k [B,T,Hv,dk] (l2-normalised in fp32, repeated to the value heads) in the kernels'
+        operand dtype (fp32 on the torch path, the model's on fla), v [B,T,Hv,dv],
         g [B,T,Hv] log-decay, beta [B,T,Hv]; z is what `output` needs besides o.
         """
         B, T, _ = x.shape
         mixed, z, b, a = self.project(x)
         mixed, tail = causal_conv(mixed.transpose(1, 2), self.conv1d.weight.squeeze(1), None, conv_tail)
         q, k, v = torch.split(mixed.transpose(1, 2), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = l2norm(q.reshape(B, T, self.n_k, self.dk).float())
-        k = l2norm(k.reshape(B, T, self.n_k, self.dk).float())
+        # l2norm in fp32, handed on in the kernels' operand dtype (fp32 on the torch path)
+        dt = operand_dtype(x.device, x.dtype)
+        q = l2norm(q.reshape(B, T, self.n_k, self.dk).float()).to(dt)
+        k = l2norm(k.reshape(B, T, self.n_k, self.dk).float()).to(dt)
         v = v.reshape(B, T, self.n_v, self.dv)
         if self.n_v != self.n_k:
             q = q.repeat_interleave(self.n_v // self.n_k, dim=2)

@@ -14,7 +14,7 @@ from common.modes import MODES, parse_mode, seam_for
 from common.pic.entry import (
     AttentionBody, EntryError, EntryMismatch, LinearBody, SegmentEntry, dtype_name, entry_layout, segment_key,
 )
-from common.pic.prefix import PrefixCache, chain_keys
+from common.pic.prefix import PrefixCache, chain_keys, forward_segments
 from common.pic.protocol import PicEngine
 from common.pic.reuse import build_entry, compose_segment, prefill_layer_major, prefill_segment_major
 from common.state import ModelState, PrefillOutput
@@ -91,9 +91,10 @@ def _prefix_state(engine: PicEngine, segs: list[list[int]], extra: dict) -> Mode
         if hit is not None:
             state, reused = hit, j + 1
             break
-    for j in range(reused, len(segs)):
-        _, _, state = engine.forward(segs[j], state)
-        engine.prefix_cache.put(keys[j], state)
+    if reused < len(segs):  # the uncached segments in one pass, a state kept at each end
+        for j, st in enumerate(forward_segments(engine, segs[reused:], state), start=reused):
+            engine.prefix_cache.put(keys[j], st)
+            state = st
     extra["reused_segments"] = reused
     return state
 

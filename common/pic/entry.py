@@ -12,26 +12,32 @@ kept per layer:
 - full-attention layer: the body's keys and values at their cache-time positions (seam ..
   n_tokens-1); reuse rotates them to their real positions.
 
-Bytes: b"HYPE" | u32 header length | header JSON | safetensors payload. The header carries the
-metadata and a blake2b checksum of the payload, so a corrupted entry is refused, never used.
+Bytes: b"HYPE" | u32 header length | header JSON | safetensors payload | 16-byte digest. The
+digest (common.checksum) covers every byte before it, so a corrupted entry is refused, never
+used; it is the one check of an entry's bytes on the hit path (readers skip the transport's).
+The header JSON is padded with spaces so that the payload starts 8-aligned: parsing views the
+tensors in the received buffer instead of copying them.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from common.checksum import DIGEST_BYTES, checksum
 from common.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
 from kernels.linear_attn import Summary, summary_form
 
 MAGIC = b"HYPE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: trailing common.checksum digest, payload 8-aligned (version 1 still read)
+PAYLOAD_ALIGN = 8
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
@@ -160,36 +166,99 @@ class SegmentEntry:
         ]
         header = dict(
             version=FORMAT_VERSION, token_ids=self.token_ids, seam=self.seam, fingerprint=self.model_fingerprint,
-            dtype=self.dtype, layers=kinds, checksum=hashlib.blake2b(payload, digest_size=16).hexdigest(),
+            dtype=self.dtype, layers=kinds,
         )
         hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-        return MAGIC + struct.pack("<I", len(hb)) + hb + payload
+        # trailing spaces (valid JSON) so the payload, and with it every tensor, starts 8-aligned
+        hb += b" " * (-(8 + len(hb)) % PAYLOAD_ALIGN)
+        body = MAGIC + struct.pack("<I", len(hb)) + hb + payload
+        return body + checksum(body)
 
     @classmethod
-    def from_bytes(cls, data: bytes, device="cpu") -> "SegmentEntry":
-        if len(data) < 8 or data[:4] != MAGIC:
+    def from_bytes(cls, data, device="cpu") -> "SegmentEntry":
+        """Parse and verify an entry: every byte is checked once, here, where it lands (readers
+        of segcache and scatter pass verify=False to the transport for entries).
+
+        data: any bytes-like object; writable buffers (bytearray, numpy) are viewed, not copied:
+        the tensors share its memory, so the caller must not reuse it."""
+        mv = memoryview(data).cast("B")
+        if mv.readonly:
+            mv = memoryview(bytearray(mv))  # tensors must not alias immutable memory
+        if len(mv) < 8 or mv[:4] != MAGIC:
             raise EntryError("not a segment entry (bad magic)")
-        (n,) = struct.unpack("<I", data[4:8])
+        (n,) = struct.unpack("<I", mv[4:8])
         try:
-            header = json.loads(data[8 : 8 + n])
+            header = json.loads(bytes(mv[8 : 8 + n]))
         except ValueError as e:
             raise EntryError(f"corrupted entry header: {e}") from None
-        if header.get("version") != FORMAT_VERSION:
-            raise EntryError(f"entry format version {header.get('version')} (expected {FORMAT_VERSION})")
-        payload = data[8 + n :]
-        if hashlib.blake2b(payload, digest_size=16).hexdigest() != header["checksum"]:
-            raise EntryError("entry checksum mismatch: corrupted payload")
-        tensors = st_load(payload)
-        layers: list[LinearBody | AttentionBody | None] = []
-        for i, kind in enumerate(header["layers"]):
-            if kind.startswith("linear:"):
-                layers.append(LinearBody(
-                    T=tensors[f"{i}.T"].to(device), form=kind.split(":", 1)[1], S=tensors[f"{i}.S"].to(device),
-                    conv_tail=tensors[f"{i}.conv"].to(device) if f"{i}.conv" in tensors else None,
-                    warmup_inputs=tensors[f"{i}.warm"].to(device) if f"{i}.warm" in tensors else None,
-                ))
-            elif kind == "attention":
-                layers.append(AttentionBody(tensors[f"{i}.k"].to(device), tensors[f"{i}.v"].to(device)))
-            else:
-                layers.append(None)
-        return cls(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers)
+        version = header.get("version") if isinstance(header, dict) else None
+        if version == FORMAT_VERSION:
+            if len(mv) < 8 + n + DIGEST_BYTES or checksum(mv[:-DIGEST_BYTES]) != bytes(mv[-DIGEST_BYTES:]):
+                raise EntryError("entry checksum mismatch: corrupted bytes")
+            payload = mv[8 + n : -DIGEST_BYTES]
+        elif version == 1:  # written before common.checksum: blake2b of the payload in the header
+            payload = mv[8 + n :]
+            if hashlib.blake2b(payload, digest_size=16).hexdigest() != header.get("checksum"):
+                raise EntryError("entry checksum mismatch: corrupted payload")
+        else:
+            raise EntryError(f"entry format version {version} (expected {FORMAT_VERSION})")
+        tensors = _view_safetensors(payload)
+        try:
+            layers = [_layer(tensors, i, kind, device) for i, kind in enumerate(header["layers"])]
+            return cls(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise EntryError(f"malformed entry header: {e!r}") from None
+
+
+def _layer(tensors: dict[str, torch.Tensor], i: int, kind: str, device) -> LinearBody | AttentionBody | None:
+    if kind.startswith("linear:"):
+        opt = lambda name: tensors[name].to(device) if name in tensors else None  # noqa: E731
+        return LinearBody(T=tensors[f"{i}.T"].to(device), form=kind.split(":", 1)[1], S=tensors[f"{i}.S"].to(device),
+                          conv_tail=opt(f"{i}.conv"), warmup_inputs=opt(f"{i}.warm"))
+    if kind == "attention":
+        return AttentionBody(tensors[f"{i}.k"].to(device), tensors[f"{i}.v"].to(device))
+    return None
+
+
+# -- safetensors payload, viewed in place (safetensors.torch.load copies every tensor) -------
+ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+             "BOOL": torch.bool}
+
+
+def _view_safetensors(payload: memoryview) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors buffer as views of it (a tensor that is not aligned to its
+    element size is copied); any inconsistency is an EntryError."""
+    if len(payload) < 8:
+        raise EntryError("truncated payload")
+    (n,) = struct.unpack("<Q", payload[:8])
+    if n > len(payload) - 8:
+        raise EntryError("truncated payload header")
+    try:
+        meta = json.loads(bytes(payload[8 : 8 + n]))
+    except ValueError as e:
+        raise EntryError(f"corrupted payload header: {e}") from None
+    base, size = 8 + n, len(payload) - 8 - n
+    out = {}
+    for name, info in meta.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (a, b) = ST_DTYPES[info["dtype"]], [int(d) for d in info["shape"]], info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise EntryError(f"bad payload header for tensor {name!r}") from None
+        numel = math.prod(shape)
+        item = torch.empty((), dtype=dtype).element_size()
+        if not (0 <= a <= b <= size and b - a == numel * item):
+            raise EntryError(f"tensor {name!r} does not fit the payload")
+        out[name] = _view(payload, base + a, numel, dtype, item).view(shape)
+    return out
+
+
+def _view(buf: memoryview, offset: int, numel: int, dtype: torch.dtype, item: int) -> torch.Tensor:
+    if numel == 0:
+        return torch.empty(0, dtype=dtype)
+    with warnings.catch_warnings():  # numpy buffers of segcache reads: fine to alias
+        warnings.simplefilter("ignore")
+        t = torch.frombuffer(buf, dtype=dtype, count=numel, offset=offset)
+    return t.clone() if t.data_ptr() % item else t  # misaligned (a version-1 entry): copy it

@@ -2,6 +2,11 @@
 
 Model states are kept at segment boundaries (as SGLang's and vLLM's hybrid prefix caches keep
 them), keyed by a chained hash of the segments so far, bounded in bytes, evicted LRU.
+
+The uncached segments run in one forward pass (`forward_segments`), as a fair baseline must:
+attention layers attend over the whole suffix in one call and the boundary states hold views of
+its keys and values (no per-segment copies); linear layers run segment by segment inside that
+pass, which is what yields their state at each boundary.
 """
 from __future__ import annotations
 
@@ -9,7 +14,12 @@ import hashlib
 import struct
 from collections import OrderedDict
 
-from common.state import ModelState
+import torch
+
+from common.layers.attention import append_kv, attention_values, causal_attention
+from common.models.base import ForwardContext
+from common.state import AttentionLayerState, LinearLayerState, ModelState
+from kernels.linear_attn import linear_attention
 
 
 def chain_keys(fingerprint: str, dtype: str, segments: list[list[int]]) -> list[str]:
@@ -54,3 +64,56 @@ class PrefixCache:
     def clear(self) -> None:
         self._items.clear()
         self.bytes = 0
+
+
+@torch.inference_mode()
+def forward_segments(engine, segments: list[list[int]], state: ModelState | None) -> list[ModelState]:
+    """Run `segments` after `state` (None: from the start) in one forward pass; the model state
+    at the end of each segment. Equals one engine.forward per segment (up to float round-off)."""
+    state = engine.new_state() if state is None else state
+    ids = [t for seg in segments for t in seg]
+    ends, n = [], 0
+    for seg in segments:
+        n += len(seg)
+        ends.append(n)
+    plan = SegmentEndsPlan(state, ends, engine.model)
+    start = state.seq_len
+    ctx = ForwardContext(positions=torch.arange(start, start + n, device=engine.device), plan=plan)
+    _, final = engine.model(torch.tensor([ids], dtype=torch.long, device=engine.device), state, ctx=ctx)
+    out = []
+    for j, end in enumerate(ends):
+        layers = [plan.at_end[j].get(i, final.layers[i]) for i in range(len(final.layers))]
+        out.append(ModelState(layers=layers, seq_len=start + end, extra=dict(state.extra)))
+    return out
+
+
+class SegmentEndsPlan:
+    """Forward-context plan of `forward_segments`: records every layer's state at each segment
+    end (the last end's state is the pass's own result)."""
+
+    def __init__(self, state: ModelState, ends: list[int], model):
+        self.state = state
+        self.model = model
+        self.ends = ends
+        self.at_end: list[dict[int, object]] = [{} for _ in ends]
+
+    def attend(self, q, k, v, scale, ctx):
+        st = append_kv(self.state.layers[ctx.layer], k, v)
+        past = st.keys.shape[2] - k.shape[2]
+        for j, end in enumerate(self.ends[:-1]):
+            self.at_end[j][ctx.layer] = AttentionLayerState(st.keys[:, :, : past + end], st.values[:, :, : past + end])
+        values = attention_values(self.model.layers[ctx.layer].mixer, st.keys, st.values)
+        return causal_attention(q, st.keys, values, scale), st
+
+    def run_linear(self, mixer, x, ctx):
+        prev = self.state.layers[ctx.layer]
+        conv, S = (None, None) if prev is None else (prev.conv, prev.recurrent)
+        ys, a = [], 0
+        for j, end in enumerate(self.ends):
+            q, k, v, g, beta, aux, conv = mixer.features(x[:, a:end], conv)
+            o, S = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=S, scale=mixer.scale)
+            ys.append(mixer.output(o, aux, x.dtype))
+            if j < len(self.ends) - 1:
+                self.at_end[j][ctx.layer] = LinearLayerState(conv, S)
+            a = end
+        return torch.cat(ys, 1), LinearLayerState(conv, S)

@@ -22,12 +22,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from common.layers.attention import attention_values, causal_attention
 from common.models.base import ForwardContext
 from common.pic.entry import AttentionBody, LinearBody, SegmentEntry, dtype_name
 from common.pic.protocol import PicEngine
 from common.state import AttentionLayerState, LinearLayerState, ModelState
 from kernels.compose import compose_summary as compose  # Triton on CUDA, torch on CPU (one chooser)
-from kernels.linear_attn import Summary, identity_transition, linear_attention, segment_summary, summary_form
+from kernels.linear_attn import (Summary, identity_transition, linear_attention, prefill_with_summary, segment_summary,
+                                 summary_form)
 
 
 def _conv_cat(tail: torch.Tensor, new: torch.Tensor | None, width: int) -> torch.Tensor:
@@ -39,11 +41,84 @@ def _conv_cat(tail: torch.Tensor, new: torch.Tensor | None, width: int) -> torch
 # -- building an entry ---------------------------------------------------------------------------
 @torch.inference_mode()
 def build_entry(engine: PicEngine, token_ids, seam: int) -> SegmentEntry:
+    """One forward pass that also builds the entry: each linear layer runs the fused kernel
+    (kernels.linear_attn.prefill_with_summary) over its cached span, so T and S come out of the
+    same pass as the outputs (`build_entry_reference`: a plain forward, then everything again)."""
+    ids, seam = _check_build(engine, token_ids, seam)
+    plan = BuildPlan(min(seam, len(ids)), engine.model)
+    x = torch.tensor([ids], dtype=torch.long, device=engine.device)
+    ctx = ForwardContext(positions=torch.arange(len(ids), device=engine.device), plan=plan)
+    _, state = engine.model(x, engine.new_state(), ctx=ctx)
+    w = plan.seam
+    layers: list = []
+    for i, layer in enumerate(engine.model.layers):
+        if layer.kind == "linear":
+            layers.append(plan.bodies[i])
+        elif layer.kind == "attention":
+            st = state.layers[i]
+            layers.append(AttentionBody(st.keys[:, :, w:].clone(), st.values[:, :, w:].clone()))
+        else:
+            layers.append(None)
+    return SegmentEntry(ids, seam, engine.fingerprint, dtype_name(engine.dtype), layers)
+
+
+def _check_build(engine, token_ids, seam: int) -> tuple[list[int], int]:
     ids = engine.check_tokens(token_ids)
     if not ids:
         raise ValueError("empty segment")
     if seam < 0:
         raise ValueError(f"seam width must be >= 0, got {seam}")
+    return ids, seam
+
+
+class BuildPlan:
+    """The forward of a segment alone (empty start state) that keeps, per linear layer, the
+    cached body: T and S(C|0) of the span after the conv warm-up, the conv tail, the warm-up
+    tokens' inputs. Attention layers run as usual."""
+
+    def __init__(self, seam: int, model):
+        self.seam = seam
+        self.model = model
+        self.bodies: dict[int, LinearBody] = {}
+
+    def attend(self, q, k, v, scale, ctx):
+        values = attention_values(self.model.layers[ctx.layer].mixer, k, v)
+        return causal_attention(q, k, values, scale), AttentionLayerState(k, v)
+
+    def run_linear(self, mixer, x, ctx):
+        L, w, c = x.shape[1], self.seam, mixer.conv_kernel
+        warm_end = min(L, max(w, c - 1))
+        q, k, v, g, beta, aux, tail = mixer.features(x, None)
+        fam, scale = mixer.family, mixer.scale
+        if warm_end < L:
+            o_w, S_w = None, None
+            if warm_end > 0:  # the warm-up tokens: a plain chunk, its end state enters the span
+                head = slice(0, warm_end)
+                o_w, S_w = linear_attention(fam, q[:, head], k[:, head], v[:, head], g=_sl(g, head),
+                                            beta=_sl(beta, head), scale=scale)
+            span = slice(warm_end, L)
+            o, S_end, summ = prefill_with_summary(fam, q[:, span], k[:, span], v[:, span], g=_sl(g, span),
+                                                  beta=_sl(beta, span), scale=scale, initial_state=S_w)
+            o = o if o_w is None else torch.cat([o_w.to(o.dtype), o], 1)
+            T, form, S = summ.T, summ.form, summ.S
+        else:  # the whole body is warm-up: the span is empty
+            o, S_end = linear_attention(fam, q, k, v, g=g, beta=beta, scale=scale)
+            form = summary_form(fam)
+            T = identity_transition(form, 1, k.shape[2], k.shape[3], k.device)
+            S = torch.zeros(1, k.shape[2], k.shape[3], v.shape[-1], device=k.device)
+        n_tail = min(L - w, c - 1)  # conv inputs of the body's last tokens (tail = last c-1 inputs)
+        conv_tail = tail[..., tail.shape[-1] - n_tail :].contiguous() if n_tail > 0 and c > 1 else None
+        warm = x[:, w:warm_end].contiguous() if warm_end > w else None
+        self.bodies[ctx.layer] = LinearBody(T=T.contiguous(), form=form, S=S.contiguous(), conv_tail=conv_tail,
+                                            warmup_inputs=warm)
+        return mixer.output(o, aux, x.dtype), LinearLayerState(tail, S_end)
+
+
+@torch.inference_mode()
+def build_entry_reference(engine, token_ids, seam: int) -> SegmentEntry:
+    """The plain definition: a forward with the mixers' inputs captured, then every linear
+    layer's features, summary and conv inputs computed again from them."""
+    ids, seam = _check_build(engine, token_ids, seam)
     model = engine.model
     captured: dict[int, torch.Tensor] = {}
     hooks = []
@@ -65,7 +140,7 @@ def build_entry(engine: PicEngine, token_ids, seam: int) -> SegmentEntry:
             layers.append(AttentionBody(st.keys[:, :, w:].clone(), st.values[:, :, w:].clone()))
         else:
             layers.append(None)
-    return SegmentEntry(ids, seam, engine.fingerprint, _dtype_name(engine.dtype), layers)
+    return SegmentEntry(ids, seam, engine.fingerprint, dtype_name(engine.dtype), layers)
 
 
 def _linear_body(mixer, x: torch.Tensor, L: int, w: int) -> LinearBody:
@@ -90,9 +165,6 @@ def _linear_body(mixer, x: torch.Tensor, L: int, w: int) -> LinearBody:
 def _sl(t, sl):
     return None if t is None else t[:, sl]
 
-
-def _dtype_name(dtype) -> str:
-    return dtype_name(dtype)
 
 
 # -- applying a cached body ----------------------------------------------------------------------
@@ -159,12 +231,10 @@ def _zeros_conv(mixer, body: LinearBody, c: int):
 
 # -- segment-major ---------------------------------------------------------------------------------
 @torch.inference_mode()
-def compose_segment(engine: PicEngine, state: ModelState, entry: SegmentEntry, additive: bool = False, *,
-                    naive: bool | None = None) -> ModelState:
+def compose_segment(engine: PicEngine, state: ModelState, entry: SegmentEntry, additive: bool = False) -> ModelState:
     """Extend `state` (not mutated) by one segment from its entry: seam recomputed under the real
     prefix, then the cached body applied. What a combine worker calls as each entry arrives.
-    additive=True: the ablation (no seam recompute, states added). `naive` is additive's old name."""
-    additive = additive if naive is None else naive
+    additive=True: the ablation (no seam recompute, states added without T)."""
     start = state.seq_len
     if entry.seam_len and not additive:
         _, _, state = engine.forward(entry.seam_tokens, state)
@@ -182,7 +252,8 @@ def prefill_segment_major(engine: PicEngine, entries: list[SegmentEntry], state:
 
 # -- layer-major -------------------------------------------------------------------------------------
 class SeamPlan:
-    """All seams of all segments through the stack in one pass per layer."""
+    """All seams of all segments through the stack in one pass per layer (a
+    common.models.base.LayerPlan: the model hands it every token mixer call)."""
 
     def __init__(self, model, entries: list[SegmentEntry], device):
         self.model = model
@@ -212,8 +283,9 @@ class SeamPlan:
         kpos = torch.arange(self.total, device=q.device)
         mask = kpos[None, :] <= self.seam_positions[:, None]
         n_rep = q.shape[1] // K_all.shape[1]
+        V_use = attention_values(mixer, K_all, V_all)
         Kr = K_all.repeat_interleave(n_rep, 1) if n_rep > 1 else K_all
-        Vr = V_all.repeat_interleave(n_rep, 1) if n_rep > 1 else V_all
+        Vr = V_use.repeat_interleave(n_rep, 1) if n_rep > 1 else V_use
         o = F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=mask, scale=scale)
         return o.transpose(1, 2), AttentionLayerState(K_all, V_all)
 

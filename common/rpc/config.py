@@ -13,6 +13,8 @@ Each field `some_name` becomes the flag `--some-name` and the environment variab
 types: int, float, bool, str, Path and Optional[...] of those (an empty string or "none" gives
 None). Ints accept underscores and binary/decimal size suffixes ("64MiB", "2G", "512k").
 Bools accept 1/0, true/false, yes/no, on/off; as flags, `--name` / `--no-name`.
+Field metadata: `shared_env=True` also reads `HYPIC_<NAME>` when the service's own variable is
+unset (one TLS CA or token for the whole mesh); `secret=True` is redacted by describe().
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+from common.rpc.tls import TlsConfig
+
 T = TypeVar("T")
+SHARED_ENV_PREFIX = "HYPIC_"  # fields with metadata shared_env=True also read HYPIC_<NAME>
 
 _SIZE_UNITS = {
     "": 1,
@@ -117,7 +122,9 @@ def build_parser(cls: type, *, env_prefix: str = "HYPIC_", prog: str | None = No
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
         help_text = f.metadata.get("help", "")
-        help_text = f"{help_text} [env {env_name(env_prefix, f.name)}; default {default!r}]".strip()
+        env_help = env_name(env_prefix, f.name) + (
+            f" or {env_name(SHARED_ENV_PREFIX, f.name)}" if f.metadata.get("shared_env") else "")
+        help_text = f"{help_text} [env {env_help}; default {default!r}]".strip()
         if base is bool:
             ap.add_argument(flag_name(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
                             help=help_text)
@@ -155,6 +162,8 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None, *,
             kwargs[f.name] = given[f.name]
             continue
         name = env_name(env_prefix, f.name)
+        if name not in env and f.metadata.get("shared_env"):
+            name = env_name(SHARED_ENV_PREFIX, f.name)  # one value for the whole mesh
         if name in env:
             parse, _, _ = _parser_for(hints[f.name])
             try:
@@ -167,10 +176,43 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None, *,
         raise ConfigError(str(e)) from None
 
 
+DRAIN_HELP = ("on SIGTERM: seconds to keep serving while health says NOT_SERVING, so load balancers "
+              "and the router stop sending first; then stop (a second signal cuts it short)")
+
+
+@dataclasses.dataclass
+class ServiceConfig(TlsConfig):
+    """What every service's config shares (its base class): the TLS fields (common.rpc.tls), the
+    metrics, log and drain fields (their flags come first in --help) and the checks of the server
+    fields each config declares with its own defaults (port, port_file, max_message_bytes)."""
+
+    metrics_port: int = dataclasses.field(default=-1, metadata={"help": "Prometheus port; -1 = off, 0 = ephemeral"})
+    metrics_host: str = dataclasses.field(default="127.0.0.1", metadata={"help": "Prometheus bind address"})
+    log_level: str = dataclasses.field(default="info", metadata={"help": "debug | info | warning | error"})
+    log_json: bool = dataclasses.field(default=True, metadata={"help": "JSON log lines (else console format)"})
+    drain_s: float = dataclasses.field(default=0.0, metadata={"help": DRAIN_HELP})
+
+    def check_server(self) -> None:
+        """port in range, port_file a Path, max_message_bytes >= 64 KiB, drain_s finite >= 0
+        (ValueError otherwise)."""
+        if not (self.drain_s >= 0 and self.drain_s < float("inf")):
+            raise ValueError(f"drain_s must be a finite number >= 0, not {self.drain_s!r}")
+        self.check_tls()
+        port_file = getattr(self, "port_file", None)
+        if port_file is not None:
+            self.port_file = Path(port_file)
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        if self.max_message_bytes < 64 * 1024:
+            raise ValueError("max_message_bytes must be at least 64 KiB")
+
+
 def describe(cfg: Any) -> dict[str, Any]:
     """The config as a JSON-friendly dict (Paths as strings), for the startup log line."""
     out = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
+        if f.metadata.get("secret") and v is not None:
+            v = "<redacted>"
         out[f.name] = str(v) if isinstance(v, Path) else v
     return out

@@ -7,6 +7,15 @@
 Everything raises NixlUnavailable when the nixl package (or its UCX backend) is missing, so a
 service can run without it and report why. The nixl agent is not thread-safe in its default
 mode; every call here holds one lock per agent.
+
+Progress, and why idle costs nothing: a holder (whose memory peers READ) needs its UCX worker
+progressed while it does nothing itself, so it keeps nixl's progress thread; nixl's Python API
+creates that thread with a poll timeout of 0, a busy loop burning a whole core. We give it
+PROGRESS_POLL_US instead: the thread sleeps in poll() on the workers' event fds and wakes when
+UCX signals work. A reader (progress_thread=False) progresses its own worker while it waits for
+its READ (check_xfer_state), so it needs no thread at all. close() destroys the agent, joining
+nixl's threads before interpreter teardown (a progress thread alive while the process exits
+touches freed UCX state: SIGSEGV on SIGTERM).
 """
 
 from __future__ import annotations
@@ -73,10 +82,39 @@ def _addr_len(buf: Any) -> tuple[int, int, int, str]:
     raise TypeError(f"cannot register {type(buf).__name__}")
 
 
-class NixlAgent:
-    """One nixl_agent (UCX backend by default). `available` False means every call raises."""
+# nixl's progress thread waits this long in poll() between wake-ups when nothing happens (it
+# wakes at once on UCX events); 0, nixl's Python default, spins.
+PROGRESS_POLL_US = 100_000
+_CREATE_LOCK = threading.Lock()
 
-    def __init__(self, name: str, backend: str = "UCX", *, enabled: bool = True):
+
+def _create_agent(api: Any, name: str, conf: Any, poll_us: int) -> Any:
+    """api.nixl_agent(name, conf) with the progress thread's poll timeout set to poll_us.
+
+    nixl_agent.__init__ hard-codes `pthrDelay = 0` on the config it passes to the native agent;
+    the native constructor is swapped for the duration of this call (under a lock) for one that
+    sets ours first."""
+    native = api.nixlBind.nixlAgent
+
+    def with_poll_timeout(agent_name: str, agent_config: Any) -> Any:
+        agent_config.pthrDelay = int(poll_us)
+        return native(agent_name, agent_config)
+
+    with _CREATE_LOCK:
+        api.nixlBind.nixlAgent = with_poll_timeout
+        try:
+            return api.nixl_agent(name, conf)
+        finally:
+            api.nixlBind.nixlAgent = native
+
+
+class NixlAgent:
+    """One nixl_agent (UCX backend by default). `available` False means every call raises.
+
+    progress_thread: True for a holder whose memory peers read; False for a pure reader."""
+
+    def __init__(self, name: str, backend: str = "UCX", *, enabled: bool = True,
+                 progress_thread: bool = True, progress_poll_us: int = PROGRESS_POLL_US):
         self.name = name
         self.backend = backend
         self.available = False
@@ -92,8 +130,8 @@ class NixlAgent:
             self.reason = err
             return
         try:
-            conf = api.nixl_agent_config(backends=[backend])
-            agent = api.nixl_agent(name, conf)
+            conf = api.nixl_agent_config(enable_prog_thread=progress_thread, backends=[backend])
+            agent = _create_agent(api, name, conf, progress_poll_us)
             if backend not in agent.backends:
                 self.reason = f"nixl backend {backend} could not be created (plugins: {agent.plugin_list})"
                 return
@@ -101,6 +139,23 @@ class NixlAgent:
             self.available = True
         except Exception as e:
             self.reason = f"nixl agent creation failed: {type(e).__name__}: {e}"
+
+    def close(self) -> None:
+        """Destroy the native agent now (its threads joined), not at interpreter teardown.
+        Idempotent; every later call raises NixlUnavailable."""
+        with self._lock:
+            agent, self._agent = self._agent, None
+            self.available = False
+            self.reason = "closed"
+            remotes, self._remotes = list(self._remotes), {}
+        if agent is None:
+            return
+        for name in remotes:
+            try:
+                agent.remove_remote_agent(name)
+            except Exception:
+                pass
+        del agent  # the last reference: the native destructor joins nixl's threads
 
     def _require(self) -> Any:
         if not self.available:
@@ -211,3 +266,4 @@ class NixlAgent:
                         pass
                 if reg is not None:
                     agent.deregister_memory(reg)
+

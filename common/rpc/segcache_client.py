@@ -7,7 +7,7 @@
         arr = await sc.get_via_nixl(key, out=buffer)    # numpy uint8, or None on a miss
 
 Every call takes an optional request_id (sent as x-request-id) and a timeout. Reads verify the
-blake2b checksum the server returns (ChecksumError on a mismatch) unless verify=False.
+checksum (common.checksum) the server returns (ChecksumError on a mismatch) unless verify=False.
 Lives in common/ because router, combine and scatter all talk to segcache and services must
 not import each other.
 """
@@ -15,7 +15,6 @@ not import each other.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import uuid
 from typing import Any, Iterable, Sequence
@@ -23,13 +22,14 @@ from typing import Any, Iterable, Sequence
 import grpc
 import numpy as np
 
+from common.checksum import DIGEST_BYTES, checksum  # noqa: F401  (re-exported)
+from common.rpc.auth import WRITE_TOKEN_KEY
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlAgent, NixlUnavailable
 from common.rpc.server import channel_options
 from protos.hypic.v1 import segcache_pb2 as pb
 from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
 
-DIGEST_BYTES = 16
 DEFAULT_CHUNK = 1 << 20
 
 
@@ -37,19 +37,17 @@ class ChecksumError(RuntimeError):
     """Bytes received from segcache do not match the entry's checksum."""
 
 
-def checksum(data: Any) -> bytes:
-    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=DIGEST_BYTES).digest()
-
-
 class SegcacheClient:
     def __init__(self, target: str, *, max_message_bytes: int = 64 << 20, timeout_s: float = 30.0,
-                 nixl_agent_name: str | None = None, channel: grpc.aio.Channel | None = None):
+                 nixl_agent_name: str | None = None, channel: grpc.aio.Channel | None = None,
+                 write_token: str | None = None):
         self.target = target
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
         self._channel = channel or grpc.aio.insecure_channel(
             target, options=channel_options(max_message_bytes))
         self.stub = pb_grpc.SegcacheStub(self._channel)
+        self._write_token = write_token  # segcache's writer role without a writer certificate
         self._nixl_name = nixl_agent_name or f"segcache-reader-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._nixl: NixlAgent | None = None
 
@@ -61,9 +59,17 @@ class SegcacheClient:
 
     async def close(self) -> None:
         await self._channel.close()
+        if self._nixl is not None:
+            self._nixl.close()
 
     def _md(self, request_id: str | None) -> list[tuple[str, str]] | None:
         return [(REQUEST_ID_KEY, request_id)] if request_id else None
+
+    def _write_md(self, request_id: str | None) -> list[tuple[str, str]] | None:
+        """Metadata of a write (Put, Delete, Pin): the request id and the write token."""
+        md = (self._md(request_id) or []) + (
+            [(WRITE_TOKEN_KEY, self._write_token)] if self._write_token else [])
+        return md or None
 
     def _t(self, timeout: float | None) -> float:
         return self.timeout_s if timeout is None else timeout
@@ -81,13 +87,13 @@ class SegcacheClient:
     async def delete(self, keys: Iterable[str], *, request_id: str | None = None,
                      timeout: float | None = None) -> int:
         resp = await self.stub.Delete(pb.DeleteRequest(keys=list(keys)), timeout=self._t(timeout),
-                                      metadata=self._md(request_id))
+                                      metadata=self._write_md(request_id))
         return resp.deleted
 
     async def pin(self, keys: Iterable[str], pinned: bool = True, *, request_id: str | None = None,
                   timeout: float | None = None) -> pb.PinResponse:
         return await self.stub.Pin(pb.PinRequest(keys=list(keys), pinned=pinned),
-                                   timeout=self._t(timeout), metadata=self._md(request_id))
+                                   timeout=self._t(timeout), metadata=self._write_md(request_id))
 
     async def claim(self, keys: Sequence[str], holder: str, lease_s: float, *,
                     request_id: str | None = None, timeout: float | None = None) -> list[pb.ClaimResult]:
@@ -117,7 +123,7 @@ class SegcacheClient:
             for off in range(chunk_bytes, len(mv), chunk_bytes):
                 yield pb.PutRequest(data=bytes(mv[off:off + chunk_bytes]))
 
-        return await self.stub.Put(messages(), timeout=self._t(timeout), metadata=self._md(request_id))
+        return await self.stub.Put(messages(), timeout=self._t(timeout), metadata=self._write_md(request_id))
 
     async def get_with_info(self, key: str, *, chunk_bytes: int = 0, verify: bool = True,
                             request_id: str | None = None, timeout: float | None = None
@@ -155,7 +161,8 @@ class SegcacheClient:
     # ---- data over NIXL -------------------------------------------------------------------
     def _agent(self) -> NixlAgent:
         if self._nixl is None:
-            self._nixl = NixlAgent(self._nixl_name)
+            # a reader progresses its own worker while it waits for a READ: no progress thread
+            self._nixl = NixlAgent(self._nixl_name, progress_thread=False)
         if not self._nixl.available:
             raise NixlUnavailable(self._nixl.reason or "nixl unavailable")
         return self._nixl

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import grpc
 import structlog
@@ -78,7 +78,10 @@ class SegcacheRing:
     """SegcacheClient's key-addressed calls over many instances (the same names and arguments)."""
 
     def __init__(self, addresses: str | Sequence[str], *, cooldown_s: float = DEFAULT_COOLDOWN_S,
-                 channel_options: list[tuple[str, Any]] | None = None, **client_kw: Any):
+                 channel_options: list[tuple[str, Any]] | None = None,
+                 open_channel: Callable[[str], grpc.aio.Channel] | None = None, **client_kw: Any):
+        """open_channel: address -> channel (TLS, the caller's options); default: an insecure
+        channel with `channel_options` and a short reconnect backoff."""
         self.addresses = parse_addresses(addresses)
         if not self.addresses:
             raise ValueError("no segcache addresses")
@@ -87,9 +90,11 @@ class SegcacheRing:
             channel_options = server_channel_options(client_kw.get("max_message_bytes", 64 << 20))
         # An instance that comes back is found again within seconds, not gRPC's default minutes.
         channel_options = list(channel_options) + RECONNECT_OPTIONS
+        if open_channel is None:
+            def open_channel(a: str) -> grpc.aio.Channel:
+                return grpc.aio.insecure_channel(a, options=channel_options)
         self.clients: dict[str, SegcacheClient] = {
-            a: SegcacheClient(a, channel=grpc.aio.insecure_channel(a, options=channel_options),
-                              **client_kw) for a in self.addresses}
+            a: SegcacheClient(a, channel=open_channel(a), **client_kw) for a in self.addresses}
         self._down_until: dict[str, float] = {}
 
     @property

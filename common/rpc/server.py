@@ -6,7 +6,7 @@
     await server.start()
     await mark_serving(health, "hypic.v1.Segcache")
     await wait_for_shutdown_signal()
-    await shutdown(server, health, grace_s=cfg.grace_s)
+    await shutdown(server, health, grace_s=cfg.grace_s, drain_s=cfg.drain_s)
 
 run(main_coro) runs the event loop (uvloop when importable).
 """
@@ -136,9 +136,11 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:
 def build_server(service: str, *, host: str = DEFAULT_HOST, port: int = 0,
                  max_message_bytes: int = 4 << 20,
                  interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
-                 options: Sequence[tuple[str, Any]] = ()) -> tuple[grpc.aio.Server, int, Any]:
+                 options: Sequence[tuple[str, Any]] = (),
+                 credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.aio.Server, int, Any]:
     """A grpc.aio server bound to host:port (port 0: ephemeral), with grpc.health.v1 registered
-    (every service NOT_SERVING until mark_serving). Returns (server, bound_port, health)."""
+    (every service NOT_SERVING until mark_serving), TLS when `credentials` are given (then
+    there is no plaintext port). Returns (server, bound_port, health)."""
     opts = channel_options(max_message_bytes) + [
         # A second process must not silently share the port (grpc enables SO_REUSEPORT).
         ("grpc.so_reuseport", 0),
@@ -147,7 +149,9 @@ def build_server(service: str, *, host: str = DEFAULT_HOST, port: int = 0,
                              options=opts)
     health = grpc_health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    bound = server.add_insecure_port(format_address(host, port))
+    address = format_address(host, port)
+    bound = (server.add_secure_port(address, credentials) if credentials is not None
+             else server.add_insecure_port(address))
     if not bound:
         raise OSError(f"could not bind {format_address(host, port)}")
     return server, bound, health
@@ -158,22 +162,38 @@ async def mark_serving(health: Any, *service_names: str) -> None:
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
 
-async def wait_for_shutdown_signal(signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> int:
-    """Wait until one of `signals` arrives; returns its number."""
+SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def wait_for_shutdown_signal(signals: Sequence[int] = SHUTDOWN_SIGNALS,
+                                   timeout_s: float | None = None) -> int | None:
+    """Wait until one of `signals` arrives; returns its number (None once timeout_s passed)."""
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[int] = loop.create_future()
     for sig in signals:
         loop.add_signal_handler(sig, lambda s=sig: fut.done() or fut.set_result(int(s)))
     try:
-        return await fut
+        if timeout_s is None:
+            return await fut
+        done, _ = await asyncio.wait({fut}, timeout=timeout_s)
+        return fut.result() if done else None
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
 
 
-async def shutdown(server: grpc.aio.Server, health: Any, *, grace_s: float = 5.0) -> None:
-    """Health NOT_SERVING, stop accepting calls, let running calls finish for grace_s."""
+async def shutdown(server: grpc.aio.Server, health: Any, *, grace_s: float = 5.0,
+                   drain_s: float = 0.0) -> None:
+    """Drain, then stop: health NOT_SERVING at once (load balancers and the router stop sending
+    new calls) while calls are still served for drain_s; then stop accepting calls and let the
+    running ones finish for grace_s. A second SIGTERM/SIGINT during the drain ends it early --
+    and, the handlers being ours until then, never kills the process with the signal."""
     await health.enter_graceful_shutdown()
+    if drain_s > 0:
+        log = structlog.get_logger("server")
+        log.info("draining", drain_s=drain_s)
+        sig = await wait_for_shutdown_signal(timeout_s=drain_s)
+        log.info("drained", cut_short_by_signal=sig)
     await server.stop(grace_s)
 
 

@@ -4,7 +4,7 @@ A service describes its parts as a `Service` subclass (what to load, what to reg
 report, what to close); `main` and `serve` run them in the same order for all four services:
 
     main(RouterService, RouterConfig, ENV_PREFIX, argv)   # exit 2 on a bad config
-      serve(): log "starting" -> prepare() -> build_server -> register() -> server.start()
+      serve(): log "starting" -> credentials, interceptors -> prepare() -> build_server -> register() -> server.start()
                -> started() -> SERVING -> metrics endpoint -> port file -> log "serving"
                -> wait for SIGTERM/SIGINT -> stopping() -> shutdown(server) -> close() -> "stopped"
 
@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Sequence
 
 import grpc
 
+from common.rpc import tls
+from common.rpc.auth import check_secrets
 from common.rpc.config import ConfigError, describe, load_config
 from common.rpc.log import setup_logging
 from common.rpc.metrics import start_metrics_server
@@ -41,6 +43,10 @@ class Service:
 
     async def prepare(self) -> None:
         """Before the server exists: load the model / open the store, warm up."""
+
+    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        """Server interceptors beyond observability: who may call what (common/rpc/auth.py)."""
+        return []
 
     def register(self, server: grpc.aio.Server, port: int) -> None:
         """Add the servicer to `server` (bound to `port`)."""
@@ -69,12 +75,21 @@ async def serve(service: Service) -> int:
     cfg = service.cfg
     log = service.log = setup_logging(service.name, cfg.log_level, json=cfg.log_json)
     log.info("starting", config=describe(cfg))
+    try:  # before prepare(): a bad certificate fails in a second, not after loading a model
+        credentials = tls.server_credentials(cfg)
+        tls.channel_credentials(cfg)  # the client side toward peers reads the same files
+        check_secrets(cfg)
+        interceptors = service.interceptors()
+    except (OSError, ValueError) as e:  # a certificate, key or secret file that cannot be read
+        log.error("cannot load credentials", error=str(e))
+        return 1
     try:
         await service.prepare()
     except StartupFailed:
         return 1
     server, port, health = build_server(service.name, host=cfg.host, port=cfg.port,
-                                        max_message_bytes=cfg.max_message_bytes)
+                                        max_message_bytes=cfg.max_message_bytes,
+                                        interceptors=interceptors, credentials=credentials)
     service.register(server, port)
     await server.start()
     await service.started()
@@ -82,11 +97,12 @@ async def serve(service: Service) -> int:
     metrics_port = start_metrics_server(cfg.metrics_port, cfg.metrics_host)
     write_port_file(cfg.port_file, port=port, metrics_port=metrics_port, pid=os.getpid(),
                     **service.port_info())
-    log.info("serving", host=cfg.host, port=port, metrics_port=metrics_port, **service.serving_info())
+    log.info("serving", host=cfg.host, port=port, metrics_port=metrics_port,
+             tls=tls.server_credentials_kind(cfg), **service.serving_info())
     sig = await wait_for_shutdown_signal()
     log.info("shutting down", signal=sig)
     await service.stopping()
-    await shutdown(server, health, grace_s=cfg.grace_s)
+    await shutdown(server, health, grace_s=cfg.grace_s, drain_s=cfg.drain_s)
     await service.close()
     log.info("stopped")
     return 0
@@ -118,3 +134,22 @@ def load_engine(cfg: Any) -> Any:
         torch.set_num_threads(cfg.threads)
     return HybridEngine.from_pretrained(cfg.model, dtype=DTYPES[cfg.dtype], device=cfg.device,
                                         load_tokenizer=False)
+
+
+def exit_process(status: int) -> None:
+    """End the process with `status`, skipping interpreter teardown once NIXL was loaded.
+
+    Once a NIXL agent with the UCX backend has existed in a process, UCX's native teardown at
+    interpreter exit races with its own threads and, on a loaded machine, kills the process with
+    SIGSEGV -- even after every agent was closed (reproduced with a three-line script that creates
+    one agent and exits; not with backends=[]). Callers close and flush everything they own first
+    (servers stopped, LMDB closed, agents closed, logs flushed), so nothing is lost by not running
+    the native static destructors. Without NIXL in the process this is a plain exit."""
+    if "nixl._api" not in sys.modules:
+        sys.exit(status)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(status)

@@ -8,12 +8,10 @@ plus the per-family ``naive_*`` / ``chunk_*`` functions and the segment summarie
 :mod:`kernels.linear_attn.summary` (transition operators and their composition).
 
 fla (flash-linear-attention) is used only for CUDA tensors in bf16/fp16 when ``import fla``
-succeeds; it is never imported for CPU tensors (on CPU machines fla must not even be installed,
-see docs/gpu.md).
+succeeds; it is never imported for CPU tensors (on CPU machines fla must not even be installed).
+:mod:`kernels.linear_attn.fla_path` decides the path (``kernel_path``) and holds the fla calls.
 """
 from __future__ import annotations
-
-import warnings
 
 import torch
 
@@ -31,6 +29,16 @@ from .chunk import (
 )
 from .families import DELTA_FAMILIES, FAMILIES, FAMILY, FAMILY_GATE, Family, check_inputs
 from .families import family as _family_row
+from .fla_path import (
+    FLA_FAMILIES,
+    fla_available,
+    fla_chunk,
+    fla_recurrent_step,
+    kernel_path,
+    operand_dtype,
+    run_with_fallback,
+    use_fla,
+)
 from .naive import (
     expand_gate,
     naive_deltanet,
@@ -41,6 +49,7 @@ from .naive import (
     naive_recurrent,
     naive_retnet,
 )
+from .mamba import chunk_mamba, mamba_features, naive_mamba, naive_selective_scan
 from .summary import (
     Summary,
     compose,
@@ -53,71 +62,12 @@ from .summary import (
     summary_form,
 )
 
-_fla_state: dict = {}
 
 
 def _default_scale(name: str, K: int, scale: float | None) -> float:
     if scale is not None:
         return scale
     return 1.0 if _family_row(name).unit_scale else K**-0.5
-
-
-def fla_available() -> bool:
-    """True when fla imports (tried once, only ever called for CUDA tensors)."""
-    if "ok" not in _fla_state:
-        try:
-            import fla  # noqa: F401
-
-            _fla_state["ok"] = True
-        except Exception:  # pragma: no cover - depends on the GPU environment
-            _fla_state["ok"] = False
-    return _fla_state["ok"]
-
-
-def _fla_call(family, q, k, v, g, beta, initial_state, scale):  # pragma: no cover - GPU only
-    S0 = initial_state.float().contiguous() if initial_state is not None else None
-    kw = dict(scale=scale, initial_state=S0, output_final_state=True)
-    if family in ("retnet", "mamba2"):
-        from fla.ops.simple_gla import chunk_simple_gla
-
-        gg = g.float()
-        if family == "retnet":
-            B, T, H = q.shape[0], q.shape[1], v.shape[2]
-            gg = gg.view(1, 1, H).expand(B, T, H).contiguous()
-        o, S = chunk_simple_gla(q, k, v, g=gg, **kw)
-    elif family == "gla":
-        from fla.ops.gla import chunk_gla as fla_chunk_gla
-
-        o, S = fla_chunk_gla(q, k, v, g=g.float(), **kw)
-    elif family == "deltanet":
-        from fla.ops.delta_rule import chunk_delta_rule
-
-        o, S = chunk_delta_rule(q, k, v, beta=beta, **kw)
-    elif family == "gated_deltanet":
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-        o, S = chunk_gated_delta_rule(q, k, v, g=g.float(), beta=beta, **kw)
-    else:
-        from fla.ops.kda import chunk_kda as fla_chunk_kda
-
-        o, S = fla_chunk_kda(q, k, v, g=g.float(), beta=beta, **kw)
-    return o, S.float()
-
-
-def _use_fla(backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    if backend == "torch":
-        return False
-    ok = (
-        q.is_cuda
-        and q.dtype in (torch.bfloat16, torch.float16)
-        and q.dtype == k.dtype == v.dtype
-        and q.shape[2] == v.shape[2]
-    )
-    if backend == "fla":
-        if not (ok and fla_available()):
-            raise RuntimeError("backend='fla' needs CUDA bf16/fp16 tensors with equal heads and fla installed")
-        return True
-    return ok and fla_available()
 
 
 def linear_attention(
@@ -133,7 +83,7 @@ def linear_attention(
     backend: str = "auto",
     chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked prefill of one family: (o [B,T,H,V] in q's dtype, final state [B,H,K,V] fp32).
+    """Chunked prefill of one family: (o [B,T,H,V] in q's dtype (v's on fla), final state [B,H,K,V] fp32).
 
     backend: "auto" (fla for CUDA bf16/fp16 when it imports, else the torch chunk path),
     "torch" or "fla". Gates as in :mod:`kernels.linear_attn.naive` (log-decays <= 0).
@@ -141,20 +91,19 @@ def linear_attention(
     """
     delta = check_inputs(family, g, beta).delta
     scale = _default_scale(family, k.shape[-1], scale)
-    if _use_fla(backend, q, k, v):  # pragma: no cover - GPU only
-        try:
-            return _fla_call(family, q, k, v, g, beta, initial_state, scale)
-        except Exception as e:  # fall back rather than fail a request; say so once
-            if backend == "fla":
-                raise
-            if not _fla_state.get("warned"):
-                warnings.warn(f"fla {family} kernel failed ({e!r}); using the torch chunk path")
-                _fla_state["warned"] = True
     if chunk_size is None:
         chunk_size = default_chunk_size(family, q.device)
-    return chunk_linear_attn(
-        q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=delta, chunk_size=chunk_size
-    )
+
+    def torch_path():
+        return chunk_linear_attn(
+            q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=delta, chunk_size=chunk_size
+        )
+
+    if family in FLA_FAMILIES and use_fla(backend, v) and q.shape[1] > 0:
+        return run_with_fallback(
+            backend, family, lambda: fla_chunk(family, q, k, v, g, beta, initial_state, scale), torch_path
+        )
+    return torch_path()
 
 
 def recurrent_step(
@@ -188,6 +137,16 @@ def recurrent_step(
             g = g[:, 0]
         if beta is not None and beta.dim() == 3:
             beta = beta[:, 0]
+    if family in FLA_FAMILIES and kernel_path(v.device, v.dtype) == "fla":
+        o, S = run_with_fallback(
+            "auto", family,
+            lambda: fla_recurrent_step(family, q, k, v, g, beta, state, _default_scale(family, k.shape[-1], scale)),
+            lambda: recurrent_step(family, q.float(), k.float(), v.float(), g, beta, state, scale),
+        )
+        o = o.to(v.dtype)
+        if out_state is not None:
+            S = out_state.copy_(S)
+        return (o.unsqueeze(1) if tok else o), S
     B, H, K = k.shape
     if q.shape[1] != v.shape[1]:  # grouped value heads
         rep = v.shape[1] // q.shape[1]
@@ -247,9 +206,15 @@ __all__ = [
     "chunk_deltanet",
     "chunk_gated_deltanet",
     "chunk_kda",
+    "naive_mamba",
+    "chunk_mamba",
+    "naive_selective_scan",
+    "mamba_features",
     "linear_attention",
     "recurrent_step",
     "fla_available",
+    "kernel_path",
+    "operand_dtype",
     "Summary",
     "segment_summary",
     "prefill_with_summary",

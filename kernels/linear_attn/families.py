@@ -7,6 +7,7 @@
     deltanet        -          yes     matrix   K^-1/2
     gated_deltanet  token      yes     matrix   K^-1/2
     kda             channel    yes     matrix   K^-1/2
+    mamba           channel    no      vector   1 (Mamba v1: one head per inner channel, V = 1)
 
 gate: the log-decay g each family takes, None, "head" ([H]), "token" ([B,T,H]) or "channel"
 ([B,T,H,K]); delta: the delta rule (I - beta k k^T) with beta [B,T,H]; form: the structured shape
@@ -39,6 +40,7 @@ _TABLE = (
     Family("deltanet", None, True),
     Family("gated_deltanet", "token", True),
     Family("kda", "channel", True),
+    Family("mamba", "channel", False, unit_scale=True),  # kernels/linear_attn/mamba.py
 )
 FAMILY = {f.name: f for f in _TABLE}
 FAMILIES = tuple(FAMILY)

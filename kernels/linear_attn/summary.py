@@ -9,7 +9,7 @@ structured form, fp32:
 
     form      families                          T shape
     scalar    retnet, mamba2 (and no gate)      [B, H]          T = exp(sum g)
-    vector    gla                               [B, H, K]       T = exp(sum g) per channel
+    vector    gla, mamba (v1: H = inner channels) [B, H, K]     T = exp(sum g) per channel
     matrix    deltanet, gated_deltanet, kda     [B, H, K, K]    acts on S [K, V] from the left
 
 The matrix T is computed chunk-wise in the same pass as S: the chunked recurrence runs on the
@@ -24,6 +24,8 @@ import torch
 
 from .chunk import chunk_with_transition, default_chunk_size, identity_transition
 from .families import check_inputs, family
+from .families import FAMILY
+from .fla_path import FLA_FAMILIES, fla_chunk_with_transition, kernel_path, run_with_fallback
 
 _FORMS = ("scalar", "vector", "matrix")
 
@@ -65,8 +67,24 @@ def segment_summary(
     """(T_C, S(C|0)) of the segment given by k [B,T,H,K], v [B,T,H,V] and its gates (fp32 out)."""
     f = check_inputs(family, g, beta)
     chunk_size = chunk_size or default_chunk_size(family, k.device)
-    _, S, T = chunk_with_transition(None, k, v, g=g, beta=beta, delta=f.delta, chunk_size=chunk_size)
+    _, S, T = _with_transition(family, None, k, v, g, beta, None, None, chunk_size)
     return Summary(T.float(), S, f.form)
+
+
+def _with_transition(family, q, k, v, g, beta, initial_state, scale, chunk_size):
+    """(o, S, T) in one pass: fla's chunk kernel where :func:`kernel_path` says fla, else ours."""
+    def torch_path():
+        return chunk_with_transition(q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale,
+                                     delta=FAMILY[family].delta, chunk_size=chunk_size)
+
+    if family in FLA_FAMILIES and kernel_path(v.device, v.dtype) == "fla" and k.shape[1] > 0:
+        if scale is None:
+            scale = 1.0 if FAMILY[family].unit_scale else k.shape[-1] ** -0.5
+        return run_with_fallback(
+            "auto", family,
+            lambda: fla_chunk_with_transition(family, q, k, v, g, beta, initial_state, scale), torch_path,
+        )
+    return torch_path()
 
 
 def prefill_with_summary(
@@ -90,9 +108,7 @@ def prefill_with_summary(
     if scale is None and f.unit_scale:
         scale = 1.0
     chunk_size = chunk_size or default_chunk_size(family, k.device)
-    o, S, T = chunk_with_transition(
-        q, k, v, g=g, beta=beta, initial_state=initial_state, scale=scale, delta=f.delta, chunk_size=chunk_size,
-    )
+    o, S, T = _with_transition(family, q, k, v, g, beta, initial_state, scale, chunk_size)
     S0 = S if initial_state is None else S - _apply_T(T, initial_state.float(), f.form)
     return o, S, Summary(T.float(), S0, f.form)
 

@@ -9,9 +9,10 @@ variable (HYPIC_COMBINE_*).
 from __future__ import annotations
 
 import asyncio
-import sys
 
+from common.engine import HybridEngine
 from common.rpc import service
+from common.rpc.nixl_listen import restrict_nixl_to_host
 from common.rpc.segcache_ring import parse_addresses
 from protos.hypic.v1 import combine_pb2_grpc
 from services.combine.config import ENV_PREFIX, CombineConfig
@@ -29,8 +30,10 @@ class CombineService(service.Service):
     name = "combine"
     grpc_service = SERVICE_NAME
     cfg: CombineConfig
+    engine: HybridEngine  # loaded by prepare()
 
     async def prepare(self) -> None:
+        self.nixl_devices = restrict_nixl_to_host(self.cfg.host)  # before the first NIXL agent
         self.engine = await asyncio.to_thread(service.load_engine, self.cfg)
         self.servicer = CombineServicer(self.cfg, self.engine)
         if self.cfg.warmup:
@@ -46,7 +49,8 @@ class CombineService(service.Service):
         return {"model_fingerprint": self.engine.fingerprint}
 
     def serving_info(self) -> dict:
-        return {"model_type": self.engine.model_type, "model_fingerprint": self.engine.fingerprint}
+        return {"model_type": self.engine.model_type, "model_fingerprint": self.engine.fingerprint,
+                "nixl_net_devices": self.nixl_devices}
 
     async def close(self) -> None:
         await self.servicer.close()
@@ -57,4 +61,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.config import ServiceConfig
+from common.rpc.auth import write_token_field
+
 ENV_PREFIX = "HYPIC_COMBINE_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
@@ -22,7 +25,7 @@ def _h(text: str) -> dict:
 
 
 @dataclass
-class CombineConfig:
+class CombineConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, log_json
     """A combine worker: composes entries as they arrive, recomputes seams, prefills the query and
     decodes (docs/design.md §3, §5)."""
 
@@ -65,27 +68,20 @@ class CombineConfig:
         "for them (no lease round trips, no registration)"))
     store_local_builds: bool = field(default=True, metadata=_h(
         "Put segments this worker built itself into segcache when the plan says store_entries"))
-    # --- observability -------------------------------------------------------------------
-    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
-    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
-    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
-    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
+
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    write_token: Optional[str] = write_token_field("sent with every segcache write (segcache's --write-token)")
 
     def __post_init__(self) -> None:
+        self.check_server()
         if self.model is None:
             raise ValueError("--model (HYPIC_COMBINE_MODEL) is required")
         self.model = Path(self.model)
-        if self.port_file is not None:
-            self.port_file = Path(self.port_file)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
         if self.compose_order not in COMPOSE_ORDERS:
             raise ValueError(f"compose_order (--compose-order, {ENV_PREFIX}COMPOSE_ORDER) must be "
                              f"one of {COMPOSE_ORDERS}, not {self.compose_order!r}")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port out of range: {self.port}")
-        if self.max_message_bytes < 64 * 1024:
-            raise ValueError("max_message_bytes must be at least 64 KiB")
         if self.nixl_min_bytes < 0:
             raise ValueError("nixl_min_bytes must be >= 0")
         if self.threads < 0 or self.max_prompt_tokens < 1 or self.max_new_tokens < 1:

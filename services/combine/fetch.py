@@ -25,11 +25,13 @@ import structlog
 
 from common.engine import HybridEngine
 from common.pic.entry import EntryMismatch, SegmentEntry
+from common.rpc.auth import read_secret
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlUnavailable
-from common.rpc.segcache_client import ChecksumError, SegcacheClient, checksum
+from common.rpc.segcache_client import ChecksumError, SegcacheClient
 from common.rpc.segcache_ring import owner, parse_addresses
 from common.rpc.server import channel_options
+from common.rpc.tls import open_channel
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import scatter_pb2 as spb
 from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
@@ -118,20 +120,21 @@ class Peers:
             ("grpc.min_reconnect_backoff_ms", 200),
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
+        self._write_token = read_secret(cfg.write_token)  # sent with our segcache Puts
         self._scatter: dict[str, tuple[grpc.aio.Channel, spb_grpc.ScatterStub]] = {}
         self._segcache: dict[str, tuple[grpc.aio.Channel, SegcacheClient]] = {}
         self._nixl: dict[str, asyncio.Future] = {}  # address -> NIXL probe (-> bool)
 
     def scatter(self, addr: str) -> tuple[grpc.aio.Channel, spb_grpc.ScatterStub]:
         if addr not in self._scatter:
-            ch = grpc.aio.insecure_channel(addr, options=self._opts)
+            ch = open_channel(addr, self._opts, self.cfg)
             self._scatter[addr] = (ch, spb_grpc.ScatterStub(ch))
         return self._scatter[addr]
 
     def segcache(self, addr: str) -> tuple[grpc.aio.Channel, SegcacheClient]:
         if addr not in self._segcache:
-            ch = grpc.aio.insecure_channel(addr, options=self._opts)
-            self._segcache[addr] = (ch, SegcacheClient(addr, channel=ch,
+            ch = open_channel(addr, self._opts, self.cfg)
+            self._segcache[addr] = (ch, SegcacheClient(addr, channel=ch, write_token=self._write_token,
                                                        max_message_bytes=self.cfg.max_message_bytes,
                                                        timeout_s=self.cfg.segcache_timeout_s))
             if self.cfg.nixl:
@@ -187,8 +190,10 @@ class Peers:
         for t in self._nixl.values():
             if not t.done():
                 t.cancel()
-        for ch, _ in [*self._scatter.values(), *self._segcache.values()]:
+        for ch, _ in self._scatter.values():
             await ch.close()
+        for _, client in self._segcache.values():
+            await client.close()  # its channel, and its NIXL agent
 
 
 @dataclass
@@ -245,7 +250,10 @@ def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
         raise BadEntry("mismatch", str(e)) from None
 
 
-async def parse_entry(data: bytes, ctx: RequestCtx, ids: list[int]) -> SegmentEntry:
+async def parse_entry(data: Any, ctx: RequestCtx, ids: list[int]) -> SegmentEntry:
+    """data: a buffer this request owns (the entry's tensors view it, no copy). from_bytes checks
+    the entry's own digest over every byte: the one integrity check of the hit path, so the
+    segcache and scatter reads below skip the transport's checksum (verify=False)."""
     try:
         entry = await asyncio.to_thread(SegmentEntry.from_bytes, data)
     except Exception as e:  # EntryError (magic, version, checksum) or any malformed byte
@@ -331,11 +339,11 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
             if info is not None and info.size >= ctx.cfg.nixl_min_bytes:
                 tier = TIER_NAMES.get(info.tier, "")
                 try:
-                    arr = await client.get_via_nixl(key, request_id=ctx.request_id,
+                    arr = await client.get_via_nixl(key, verify=False, request_id=ctx.request_id,
                                                     timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
                     if arr is None:
                         raise BadEntry("miss", "not cached")
-                    data, via_nixl = arr.tobytes(), True
+                    data, via_nixl = arr, True
                 except NixlUnavailable as e:
                     ctx.peers.nixl_broken(addr, str(e))
                 except (BadEntry, DeadlineExceeded, asyncio.CancelledError):
@@ -344,12 +352,12 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
                     m.FALLBACKS.labels("nixl", _reason(e)).inc()
                     log.warning("nixl read failed, trying gRPC", index=i, key=key, error=_describe(e))
         if data is None:
-            got = await client.get_with_info(key, request_id=ctx.request_id,
+            got = await client.get_with_info(key, verify=False, request_id=ctx.request_id,
                                              timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
             if got is None:
                 raise BadEntry("miss", "not cached")
             info, buf = got
-            data, tier = bytes(buf), TIER_NAMES.get(info.tier, "")
+            data, tier = buf, TIER_NAMES.get(info.tier, "")
         entry = await parse_entry(data, ctx, ids)
     except (asyncio.CancelledError, DeadlineExceeded):
         raise
@@ -407,9 +415,7 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
                 break  # everything is here: compose now, let the stream end in the background
         if header is None or n != header.size:
             raise BadEntry("short", f"stream ended after {n} of {header.size if header else '?'} bytes")
-        if header.checksum and checksum(buf) != header.checksum:
-            raise BadEntry("checksum", "bytes do not match the header's checksum")
-        entry = await parse_entry(bytes(buf), ctx, ids)
+        entry = await parse_entry(buf, ctx, ids)  # verified there, header.checksum not needed
     except (asyncio.CancelledError, DeadlineExceeded):
         if call is not None:
             call.cancel()

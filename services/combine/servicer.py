@@ -158,6 +158,8 @@ class CombineServicer(pb_grpc.CombineServicer):
             raise Abort.invalid(f"max_tokens {plan.max_tokens} > {self.cfg.max_new_tokens}")
         if not (math.isfinite(plan.temperature) and plan.temperature >= 0):
             raise Abort.invalid("temperature must be a finite number >= 0")
+        if not (math.isfinite(plan.top_p) and 0 <= plan.top_p <= 1):
+            raise Abort.invalid("top_p must be in [0, 1]")
         total = sum(len(s.token_ids) for s in plan.segments) + len(plan.query)
         if total > self.cfg.max_prompt_tokens:
             raise Abort.invalid(f"prompt of {total} tokens; at most {self.cfg.max_prompt_tokens}")
@@ -268,7 +270,8 @@ class CombineServicer(pb_grpc.CombineServicer):
         plan = ex.plan
         gen = torch.Generator().manual_seed(int(plan.seed)) if plan.temperature > 0 else None
         top_k = min(int(plan.top_k), self.engine.vocab_size)
-        pick = functools.partial(pick_token, temperature=float(plan.temperature), top_k=top_k, gen=gen)
+        pick = functools.partial(pick_token, temperature=float(plan.temperature), top_k=top_k, gen=gen,
+                                 top_p=float(plan.top_p))
         tok = pick(logits)
         first = rpb.TokenEvent(token_id=tok, index=0)
         if plan.return_logits:

@@ -9,10 +9,10 @@ how tests and launchers learn an ephemeral port. `--help` lists every flag and i
 from __future__ import annotations
 
 import asyncio
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from common.rpc import service
+from common.rpc.auth import ApiKeyInterceptor, read_secret
 from protos.hypic.v1 import router_pb2_grpc
 from services.router.config import ENV_PREFIX, RouterConfig
 from services.router.model import ModelError, ModelInfo
@@ -36,19 +36,24 @@ class RouterService(service.Service):
         self.log.info("model", model_type=self.model.model_type, vocab_size=self.model.vocab_size,
                       fingerprint=self.model.fingerprint, tokenizer=self.model.tokenizer is not None)
 
+    def interceptors(self) -> list:
+        key = read_secret(self.cfg.api_key)
+        return [ApiKeyInterceptor(key)] if key else []
+
     def register(self, server, port: int) -> None:
         self.servicer = RouterServicer(self.cfg, self.model, self.executor)
         router_pb2_grpc.add_RouterServicer_to_server(self.servicer, server)
 
     async def started(self) -> None:
-        self.servicer.start_background()
+        await self.servicer.start_background()
 
     def port_info(self) -> dict:
         return {"fingerprint": self.model.fingerprint}
 
     def serving_info(self) -> dict:
         cfg = self.cfg
-        return {"segcache": cfg.segcache_address or None, "scatter": cfg.scatters, "combine": cfg.combines}
+        return {"segcache": cfg.segcache_address or None, "scatter": cfg.scatter_addresses,
+                "combine": cfg.combine_addresses}
 
     async def close(self) -> None:
         await self.servicer.close()
@@ -60,4 +65,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())

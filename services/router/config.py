@@ -1,8 +1,10 @@
 """RouterConfig: every knob of the router service.
 
 Flags are `--field-name`, environment variables `HYPIC_ROUTER_FIELD_NAME`; flag > env > default
-(common.rpc.config). Address lists are comma-separated:
-`--scatter-addresses 127.0.0.1:50071,127.0.0.1:50072`.
+(common.rpc.config). Address lists are comma-separated, `--scatter-addresses
+127.0.0.1:50071,127.0.0.1:50072`, or one DNS name whose every A/AAAA record is a member,
+`--scatter-addresses dns:///scatter:50071`, re-resolved every --discovery-refresh-s
+(common.rpc.discovery).
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+from common.rpc.config import ServiceConfig
+from common.rpc.discovery import Target, parse_target
+from common.rpc.auth import api_key_field
 
 ENV_PREFIX = "HYPIC_ROUTER_"
 MiB = 1 << 20
@@ -21,12 +27,8 @@ def _h(text: str) -> dict:
     return {"help": text}
 
 
-def split_addresses(text: str) -> list[str]:
-    return [a.strip() for a in (text or "").split(",") if a.strip()]
-
-
 @dataclass
-class RouterConfig:
+class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, log_json
     """The client-facing router: tokenize, look up, plan (LPT), hand the plan to combine."""
 
     # --- model ---------------------------------------------------------------------------
@@ -48,9 +50,13 @@ class RouterConfig:
         "segcache host:port, or a comma-separated list (each key on one instance, by rendezvous "
         "hashing over the healthy ones); empty = no cache (every segment is a miss, nothing stored)"))
     scatter_addresses: str = field(default="", metadata=_h(
-        "scatter worker host:port list, comma-separated; empty = misses are built on combine"))
+        "scatter workers: host:port list, comma-separated, or dns:///name:port (every record a "
+        "worker); empty (or no members) = misses are built on combine"))
     combine_addresses: str = field(default="127.0.0.1:50081", metadata=_h(
-        "combine host:port list, comma-separated (least loaded first, the next on UNAVAILABLE)"))
+        "combines: host:port list, comma-separated, or dns:///name:port (least loaded first, "
+        "the next on UNAVAILABLE)"))
+    discovery_refresh_s: float = field(default=2.0, metadata=_h(
+        "how often dns:/// address targets are re-resolved"))
     # --- limits --------------------------------------------------------------------------
     max_prompt_tokens: int = field(default=32768, metadata=_h("longest prompt (segments + query)"))
     max_segments: int = field(default=1024, metadata=_h("most segments in one request"))
@@ -77,26 +83,28 @@ class RouterConfig:
     cost_b_s: float = field(default=2e-4, metadata=_h("prior cost per token (s)"))
     cost_c_s: float = field(default=2e-9, metadata=_h("prior cost per token² (s)"))
     tokenizer_threads: int = field(default=2, metadata=_h("threads for tokenizing"))
-    # --- observability -------------------------------------------------------------------
-    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
-    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
-    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
-    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
+
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    api_key: Optional[str] = api_key_field()
 
     def __post_init__(self) -> None:
+        self.check_server()
         self.model = Path(self.model)
-        if self.port_file is not None:
-            self.port_file = Path(self.port_file)
         self.dtype = self.dtype.lower()
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
         if self.seam < 0:
             raise ValueError("seam must be >= 0")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port out of range: {self.port}")
         self.segcache_address = (self.segcache_address or "").strip()
-        if not self.combines:
+        for name in ("segcache_address", "scatter_addresses", "combine_addresses"):
+            try:
+                parse_target(getattr(self, name))
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+        if not self.combine_target.is_dns and not self.combines:
             raise ValueError("at least one combine address is needed (--combine-addresses)")
+        if not (self.discovery_refresh_s > 0 and math.isfinite(self.discovery_refresh_s)):
+            raise ValueError("discovery_refresh_s must be a finite number > 0")
         for name in ("max_prompt_tokens", "max_segments", "max_tokens_limit", "max_in_flight",
                      "tokenizer_threads"):
             if getattr(self, name) <= 0:
@@ -114,18 +122,24 @@ class RouterConfig:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number >= 0")
-        if self.max_message_bytes < 64 * 1024:
-            raise ValueError("max_message_bytes must be at least 64 KiB")
 
     @property
     def scatters(self) -> list[str]:
-        """scatter_addresses as a list."""
-        return split_addresses(self.scatter_addresses)
+        """scatter_addresses as a list (a dns:/// target: [])."""
+        return list(self.scatter_target.static)
 
     @property
     def combines(self) -> list[str]:
-        """combine_addresses as a list."""
-        return split_addresses(self.combine_addresses)
+        """combine_addresses as a list (a dns:/// target: [])."""
+        return list(self.combine_target.static)
+
+    @property
+    def scatter_target(self) -> Target:
+        return parse_target(self.scatter_addresses)
+
+    @property
+    def combine_target(self) -> Target:
+        return parse_target(self.combine_addresses)
 
     @property
     def cost_prior(self) -> tuple[float, float, float]:

@@ -222,6 +222,7 @@ class Planner:
         self._count = [0] * n_workers          # flights per worker (to zero _own exactly)
         self._external = [0.0] * n_workers     # from Scatter.Load polls
         self._down: set[int] = set()
+        self._absent: set[int] = set()         # left the member set (discovery)
         self._inflight: dict[str, _Flight] = {}
 
     # -- load views ------------------------------------------------------------------------
@@ -251,9 +252,37 @@ class Planner:
     def is_down(self, worker: int) -> bool:
         return worker in self._down
 
+    def add_worker(self) -> int:
+        """A new member (discovery): its index, with no load."""
+        self._own.append(0.0)
+        self._count.append(0)
+        self._external.append(0.0)
+        self.n_workers += 1
+        return self.n_workers - 1
+
+    def set_absent(self, worker: int, absent: bool = True) -> None:
+        """A worker that left the member set is never assigned (its index stays: plans in
+        flight still name it). A returning member clears its old load readings."""
+        if absent:
+            self._absent.add(worker)
+        elif worker in self._absent:
+            self._absent.discard(worker)
+            self._external[worker] = 0.0
+            self._down.discard(worker)
+
+    def is_absent(self, worker: int) -> bool:
+        return worker in self._absent
+
+    def idle(self, worker: int) -> bool:
+        """No build of ours is outstanding on it (its index may be reused)."""
+        return self._count[worker] == 0
+
     def up_workers(self) -> list[int]:
-        up = [w for w in range(self.n_workers) if w not in self._down]
-        return up or list(range(self.n_workers))  # all down: let combine fall back
+        """Present workers that answer; all present ones if none answers (combine falls back
+        to building locally when a worker really is gone); [] when there is no member."""
+        present = [w for w in range(self.n_workers) if w not in self._absent]
+        up = [w for w in present if w not in self._down]
+        return up or present
 
     # -- planning ------------------------------------------------------------------------------
     def assign(self, jobs: Iterable[Job]) -> Ticket:
@@ -262,7 +291,8 @@ class Planner:
         ticket = Ticket()
         if not jobs:
             return ticket
-        if self.n_workers == 0:
+        up = self.up_workers()
+        if not up:
             raise ValueError("no scatter workers to assign to")
         by_index: dict[int, Assignment] = {}
         new: list[Job] = []
@@ -278,7 +308,6 @@ class Planner:
             else:
                 seen_new[job.key] = [job]
                 new.append(job)
-        up = self.up_workers()
         est = {job.key: self.cost.predict(job.tokens) for job in new}
         for job in sorted(new, key=lambda j: (-est[j.key], j.index)):
             w = min(up, key=lambda w: (self.load(w), self._count[w], w))

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import structlog
 
+from common.rpc.tls import open_channel
 from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
 from protos.hypic.v1 import scatter_pb2 as spb
 from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
@@ -37,15 +39,40 @@ class _Combine:
 
 
 class CombinePool:
-    """Picks a combine: healthy ones first, then fewest requests in flight, round-robin on ties."""
+    """Picks a combine: healthy ones first, then fewest requests in flight, round-robin on ties.
+    The member list follows discovery (apply); a member that leaves is closed once idle."""
 
-    def __init__(self, addresses: list[str], options: list, cooldown_s: float):
+    def __init__(self, addresses: list[str], options: list, cooldown_s: float, *, tls: Any = None):
         self.cooldown_s = cooldown_s
-        self.items = []
-        for a in addresses:
-            ch = grpc.aio.insecure_channel(a, options=options)
-            self.items.append(_Combine(a, ch, cpb_grpc.CombineStub(ch)))
+        self.tls = tls  # a config with the TLS fields (common.rpc.tls), or None: plaintext
+        self.options = options
+        self.items: list[_Combine] = []
+        self._leaving: list[_Combine] = []
         self._rr = 0
+        self.apply(addresses)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [c.address for c in self.items]
+
+    def apply(self, addresses: list[str]) -> None:
+        """The live member set: new addresses get a channel, vanished ones leave the order."""
+        have = {c.address: c for c in self.items}
+        items = []
+        for a in dict.fromkeys(addresses):
+            c = have.pop(a, None)
+            if c is None:
+                ch = open_channel(a, self.options, self.tls)
+                c = _Combine(a, ch, cpb_grpc.CombineStub(ch))
+            items.append(c)
+        self.items = items
+        self._leaving.extend(have.values())
+        self._close_idle()
+
+    def _close_idle(self) -> None:
+        for c in [c for c in self._leaving if c.in_flight == 0]:
+            self._leaving.remove(c)
+            asyncio.ensure_future(c.channel.close())
 
     def order(self) -> list[_Combine]:
         now = time.monotonic()
@@ -58,54 +85,119 @@ class CombinePool:
     def failed(self, c: _Combine) -> None:
         c.cooldown_until = time.monotonic() + self.cooldown_s
 
+    def done(self, c: _Combine) -> None:
+        """A call on `c` ended (closes a leaving member's channel once nothing uses it)."""
+        c.in_flight -= 1
+        if c in self._leaving:
+            self._close_idle()
+
     async def close(self) -> None:
-        for c in self.items:
+        for c in self.items + self._leaving:
             await c.channel.close()
 
 
 class ScatterPool:
-    """Scatter.Load polls: external load and up/down state for the planner."""
+    """The scatter members (discovery) mapped onto planner indices, and their Scatter.Load
+    polls: external load and up/down state for the planner.
+
+    `addresses[w]` is planner worker w. A member that leaves keeps its index (plans in flight
+    name it) but is never assigned again; a new member reuses an idle vacated index, else gets
+    a new one."""
 
     def __init__(self, addresses: list[str], options: list, planner: Planner, fingerprint: str,
-                 timeout_s: float):
-        self.addresses = addresses
+                 timeout_s: float, *, tls: Any = None):
+        self.tls = tls
+        self.addresses: list[str] = []
         self.planner = planner
         self.fingerprint = fingerprint
         self.timeout_s = timeout_s
-        self.channels = [grpc.aio.insecure_channel(a, options=options) for a in addresses]
-        self.stubs = [spb_grpc.ScatterStub(ch) for ch in self.channels]
-        self._warned: set[int] = set()
+        self.options = options
+        self.stubs: dict[int, spb_grpc.ScatterStub] = {}
+        self.channels: dict[int, grpc.aio.Channel] = {}
+        self._warned: set[str] = set()
+        self.apply(addresses)
+
+    def present_slots(self) -> list[int]:
+        """Planner indices of the current members."""
+        return [w for w in range(len(self.addresses)) if not self.planner.is_absent(w)]
+
+    @property
+    def members(self) -> list[str]:
+        return [self.addresses[w] for w in self.present_slots()]
+
+    def apply(self, members: list[str]) -> None:
+        live = set(members)
+        for w, a in enumerate(self.addresses):
+            if a not in live and not self.planner.is_absent(w):
+                log.info("scatter worker left", worker=a)
+                self.planner.set_absent(w, True)
+                self._drop_channel(w)
+                m.WORKER_UP.labels(a).set(0)
+        present = set(self.members)
+        for a in members:
+            if a in present:
+                continue
+            w = self._slot_for(a)
+            self.planner.set_absent(w, False)
+            ch = open_channel(a, self.options, self.tls)
+            self.channels[w] = ch
+            self.stubs[w] = spb_grpc.ScatterStub(ch)
+            present.add(a)
+            log.info("scatter worker joined", worker=a, index=w)
+
+    def _slot_for(self, address: str) -> int:
+        for w, a in enumerate(self.addresses):  # the same member back, or an idle vacated index
+            if a == address and self.planner.is_absent(w):
+                return w
+        for w, a in enumerate(self.addresses):
+            if self.planner.is_absent(w) and self.planner.idle(w) and a not in self.members:
+                self.addresses[w] = address
+                return w
+        w = self.planner.add_worker()
+        self.addresses.append(address)
+        return w
+
+    def _drop_channel(self, w: int) -> None:
+        self.stubs.pop(w, None)
+        ch = self.channels.pop(w, None)
+        if ch is not None:
+            asyncio.ensure_future(ch.close())
 
     async def poll_once(self) -> None:
-        async def one(w: int) -> None:
+        async def one(w: int, stub: spb_grpc.ScatterStub) -> None:
+            address = self.addresses[w]
             try:
-                r = await self.stubs[w].Load(spb.LoadRequest(), timeout=self.timeout_s)
+                r = await stub.Load(spb.LoadRequest(), timeout=self.timeout_s)
             except grpc.aio.AioRpcError as e:
+                if self.stubs.get(w) is not stub:
+                    return  # left while we asked
                 if e.code() == grpc.StatusCode.UNIMPLEMENTED:
                     self.planner.mark_down(w, False)  # an older worker: no Load, still usable
                     return
                 if not self.planner.is_down(w):
-                    log.warning("scatter worker not answering", worker=self.addresses[w],
+                    log.warning("scatter worker not answering", worker=address,
                                 code=e.code().name)
                 self.planner.mark_down(w, True)
-                m.WORKER_UP.labels(self.addresses[w]).set(0)
+                m.WORKER_UP.labels(address).set(0)
+                return
+            if self.stubs.get(w) is not stub:
                 return
             if r.model_fingerprint and self.fingerprint and r.model_fingerprint != self.fingerprint:
-                if w not in self._warned:
-                    self._warned.add(w)
+                if address not in self._warned:
+                    self._warned.add(address)
                     log.error("scatter worker serves another model; not assigning to it",
-                              worker=self.addresses[w], theirs=r.model_fingerprint,
+                              worker=address, theirs=r.model_fingerprint,
                               ours=self.fingerprint)
                 self.planner.mark_down(w, True)
-                m.WORKER_UP.labels(self.addresses[w]).set(0)
+                m.WORKER_UP.labels(address).set(0)
                 return
             if self.planner.is_down(w):
-                log.info("scatter worker back", worker=self.addresses[w])
+                log.info("scatter worker back", worker=address)
             self.planner.mark_down(w, False)
             self.planner.set_external_load(w, r.in_flight, r.queued_tokens)
-            m.WORKER_UP.labels(self.addresses[w]).set(1)
+            m.WORKER_UP.labels(address).set(1)
 
-        await asyncio.gather(*(one(w) for w in range(len(self.stubs))))
+        await asyncio.gather(*(one(w, s) for w, s in list(self.stubs.items())))
 
     async def run(self, period_s: float) -> None:
         while True:
@@ -116,5 +208,5 @@ class ScatterPool:
             await asyncio.sleep(period_s)
 
     async def close(self) -> None:
-        for ch in self.channels:
+        for ch in list(self.channels.values()):
             await ch.close()

@@ -25,8 +25,10 @@ import structlog
 from common import modes
 from common.fingerprint import segment_key
 from common.rpc.abort import Abort
+from common.rpc.discovery import MemberSet
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.segcache_ring import SegcacheRing
+from common.rpc.tls import open_channel
 from common.rpc.server import channel_options
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import router_pb2 as pb
@@ -51,6 +53,11 @@ def tier_name(tier: int) -> str:
 
 def _norm_tier(text: str) -> str:
     return text.strip().lower().removeprefix("tier_")
+
+
+def stop_at_eos(request: pb.GenerateRequest) -> bool:
+    """Whether to stop at EOS: as the request says, true when it says nothing."""
+    return request.stop_at_eos if request.HasField("stop_at_eos") else True
 
 
 def _sanitize_id(text: str) -> str:
@@ -78,6 +85,7 @@ class _Request:
     combine_timings: pb.Timings = field(default_factory=pb.Timings)
     ttft_s: float = 0.0
     tokens_sent: int = 0
+    seam: int = 0                  # the plan's seam window (cached bodies exclude it)
 
     @property
     def mode_name(self) -> str:
@@ -96,24 +104,34 @@ class RouterServicer(pb_grpc.RouterServicer):
         self.model = model
         self.executor = executor
         options = channel_options(cfg.max_message_bytes) + BACKOFF_OPTIONS
-        self.scatter_addresses = cfg.scatters
-        self.planner = Planner(len(self.scatter_addresses), CostModel(cfg.cost_prior))
-        self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s)
-        self.scatters = ScatterPool(self.scatter_addresses, options, self.planner,
-                                    model.fingerprint, cfg.load_timeout_s)
+        self.planner = Planner(0, CostModel(cfg.cost_prior))
+        # Static lists are members from the start; dns:/// targets fill in at start_background.
+        self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s, tls=cfg)
+        self.scatters = ScatterPool(cfg.scatters, options, self.planner,
+                                    model.fingerprint, cfg.load_timeout_s, tls=cfg)
+        self.discovery = [
+            MemberSet(cfg.scatter_target, refresh_s=cfg.discovery_refresh_s,
+                      listener=self.scatters.apply, what="scatter"),
+            MemberSet(cfg.combine_target, refresh_s=cfg.discovery_refresh_s,
+                      listener=self.combines.apply, what="combine")]
         self.segcache: SegcacheRing | None = None
         if cfg.segcache_address:  # one address or many (keys placed by rendezvous hashing)
-            self.segcache = SegcacheRing(cfg.segcache_address, channel_options=options,
-                                         timeout_s=cfg.lookup_timeout_s,
-                                         max_message_bytes=cfg.max_message_bytes)
+            self.segcache = SegcacheRing(
+                cfg.segcache_address, open_channel=lambda a: open_channel(a, options, cfg),
+                timeout_s=cfg.lookup_timeout_s, max_message_bytes=cfg.max_message_bytes)
         self.holder = f"router-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # build claims' holder
         self.in_flight = 0
         self._tasks: list[asyncio.Task] = []
         self._publish_cost()
 
     # ---- lifecycle ---------------------------------------------------------------------------
-    def start_background(self) -> None:
-        if self.scatter_addresses and self.cfg.load_poll_s > 0:
+    async def start_background(self) -> None:
+        """Resolve the members once (so the first request sees them), then keep them current."""
+        for ms in self.discovery:
+            if ms.target.is_dns:
+                await ms.refresh()
+                self._tasks.append(asyncio.create_task(ms.run()))
+        if self.cfg.scatter_addresses and self.cfg.load_poll_s > 0:
             self._tasks.append(asyncio.create_task(self.scatters.run(self.cfg.load_poll_s)))
 
     async def close(self) -> None:
@@ -132,7 +150,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             m.COST_COEF.labels(name).set(v)
 
     def _publish_loads(self) -> None:
-        for w, a in enumerate(self.scatter_addresses):
+        for w, a in enumerate(self.scatters.addresses):
             m.WORKER_LOAD.labels(a).set(self.planner.load(w))
 
     # ---- Info ----------------------------------------------------------------------------------
@@ -141,8 +159,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             model_type=self.model.model_type, model_fingerprint=self.model.fingerprint,
             vocab_size=self.model.vocab_size, seam=self.cfg.seam, dtype=self.cfg.dtype,
             max_prompt_tokens=self.cfg.max_prompt_tokens,
-            scatter_addresses=self.scatter_addresses,
-            combine_addresses=self.cfg.combines, segcache_address=self.cfg.segcache_address)
+            scatter_addresses=self.scatters.members,
+            combine_addresses=self.combines.addresses, segcache_address=self.cfg.segcache_address)
 
     # ---- Generate ------------------------------------------------------------------------------
     async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateEvent]:
@@ -207,6 +225,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             raise Abort(bad, f"max_tokens {request.max_tokens} over the limit {cfg.max_tokens_limit}")
         if not (math.isfinite(request.temperature) and request.temperature >= 0):
             raise Abort(bad, "temperature must be a finite number >= 0")
+        if not (math.isfinite(request.top_p) and 0 <= request.top_p <= 1):
+            raise Abort(bad, "top_p must be in [0, 1]")
         parts = list(request.segments) + [request.query]
         names = [f"segment {i}" for i in range(len(request.segments))] + ["query"]
         ids: list[list[int] | None] = []
@@ -317,7 +337,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=request.mode,
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
             seed=request.seed, return_logits=request.return_logits,
-            stop_at_eos=request.stop_at_eos, scatter_addresses=self.scatter_addresses,
+            stop_at_eos=stop_at_eos(request), top_p=request.top_p,
             # The instances this router placed keys over: combine places them the same way.
             segcache_address=self._segcache_instances() if cached_modes else "",
             store_entries=bool(cfg.segcache_address) and cached_modes)
@@ -341,8 +361,14 @@ class RouterServicer(pb_grpc.RouterServicer):
             elif key not in elsewhere:
                 jobs.append(Job(i, key, len(ids)))
         req.planned_misses = len(jobs)
+        req.seam = seam
         assigned: dict[int, Any] = {}
-        if jobs and self.scatter_addresses:
+        # The plan names present members only (combine falls back along this list, and a member
+        # that left may be gone): planner index -> position in it.
+        slots = self.scatters.present_slots()
+        position = {w: k for k, w in enumerate(slots)}
+        plan.scatter_addresses.extend(self.scatters.addresses[w] for w in slots)
+        if jobs and slots and self.planner.up_workers():
             req.ticket = self.planner.assign(jobs)
             assigned = {a.index: a for a in req.ticket.assignments}
             self._publish_loads()
@@ -357,7 +383,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             elif i in assigned:
                 a = assigned[i]
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SCATTER,
-                                  worker=a.worker, est_cost_s=a.est_s)
+                                  worker=position.get(a.worker, 0), est_cost_s=a.est_s)
             else:
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_LOCAL,
                                   est_cost_s=self.planner.cost.predict(len(ids)))
@@ -417,7 +443,22 @@ class RouterServicer(pb_grpc.RouterServicer):
         for tier in tiers:
             key = tier or "unknown"
             t.hits_by_tier[key] = t.hits_by_tier.get(key, 0) + 1
+        self._cached_tokens(req, t)
         return t
+
+    def _cached_tokens(self, req: _Request, t: pb.Timings) -> None:
+        """Tokens served from cache: each segcache hit's body (its seam window is recomputed)."""
+        hits = {i: tier for i, (src, tier) in req.ready.items() if src == cpb.SOURCE_SEGCACHE} \
+            if req.ready else dict(req.planned_tiers)
+        t.cached_tokens = 0
+        t.ClearField("cached_tokens_by_tier")
+        for i, tier in hits.items():
+            if i >= len(req.segments):
+                continue
+            body = max(0, len(req.segments[i]) - req.seam)
+            key = tier or "unknown"
+            t.cached_tokens += body
+            t.cached_tokens_by_tier[key] = t.cached_tokens_by_tier.get(key, 0) + body
 
     async def _execute(self, plan: cpb.Plan, req: _Request) -> AsyncIterator[pb.GenerateEvent]:
         md = self._md(req)
@@ -477,7 +518,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                     raise Abort(code, f"deadline exceeded (combine {c.address})") from None
                 raise Abort(code, f"combine {c.address}: {e.details()}") from None
             finally:
-                c.in_flight -= 1
+                self.combines.done(c)
                 call.cancel()
-        raise Abort(grpc.StatusCode.UNAVAILABLE,
-                    f"no combine service available ({last_error or 'none configured'})")
+        raise Abort(grpc.StatusCode.UNAVAILABLE, f"no combine service available ("
+                    f"{last_error or 'no member in ' + repr(self.cfg.combine_addresses)})")

@@ -9,11 +9,15 @@ flag and its env variable (HYPIC_SCATTER_*).
 from __future__ import annotations
 
 import asyncio
-import sys
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
+from common.engine import HybridEngine
 from common.rpc import service
-from common.rpc.segcache_ring import SegcacheRing
+from common.rpc.auth import read_secret
+from common.rpc.segcache_ring import RECONNECT_OPTIONS, SegcacheRing
+from common.rpc.server import channel_options
+from common.rpc.tls import open_channel
 from common.rpc.server import format_address
 from protos.hypic.v1 import scatter_pb2_grpc
 from services.scatter.config import ENV_PREFIX, ScatterConfig
@@ -24,6 +28,7 @@ class ScatterService(service.Service):
     name = "scatter"
     grpc_service = SERVICE_NAME
     cfg: ScatterConfig
+    engine: HybridEngine  # loaded by prepare()
 
     async def prepare(self) -> None:
         self.engine = await asyncio.to_thread(service.load_engine, self.cfg)
@@ -36,10 +41,15 @@ class ScatterService(service.Service):
 
     def register(self, server, port: int) -> None:
         cfg = self.cfg
-        self.worker = cfg.worker or f"scatter@{format_address(cfg.host, port)}"
+        # Bound to every interface (a container, a pod): its host name tells replicas apart.
+        host = socket.gethostname() if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+        self.worker = cfg.worker or f"scatter@{format_address(host, port)}"
         # One address or many: each entry goes to its key's instance (rendezvous hashing).
+        options = channel_options(cfg.max_message_bytes) + RECONNECT_OPTIONS
         self.segcache = (SegcacheRing(cfg.segcache_address, max_message_bytes=cfg.max_message_bytes,
-                                      timeout_s=cfg.segcache_timeout_s)
+                                      timeout_s=cfg.segcache_timeout_s,
+                                      open_channel=lambda a: open_channel(a, options, cfg),
+                                      write_token=read_secret(cfg.write_token))
                          if cfg.segcache_address else None)
         scatter_pb2_grpc.add_ScatterServicer_to_server(
             ScatterServicer(cfg, self.engine, self.executor, self.segcache, self.worker), server)
@@ -62,4 +72,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())

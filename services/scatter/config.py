@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.config import ServiceConfig
+from common.rpc.auth import write_token_field
+
 ENV_PREFIX = "HYPIC_SCATTER_"
 MiB = 1 << 20
 DTYPES = ("float32", "bfloat16", "float16")
@@ -21,7 +24,7 @@ def _h(text: str) -> dict:
 
 
 @dataclass
-class ScatterConfig:
+class ScatterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, log_json
     """A scatter worker: prefills one segment alone and builds its entry (docs/design.md §4)."""
 
     # --- model ---------------------------------------------------------------------------
@@ -46,24 +49,17 @@ class ScatterConfig:
         "segcache host:port (or a comma-separated list: each key on its rendezvous instance) "
         "where built entries are stored (store=true); empty = never store"))
     segcache_timeout_s: float = field(default=30.0, metadata=_h("timeout of one segcache Put"))
-    # --- observability -------------------------------------------------------------------
-    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
-    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
-    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
-    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
+
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    write_token: Optional[str] = write_token_field("sent with every segcache write (segcache's --write-token)")
 
     def __post_init__(self) -> None:
+        self.check_server()
         if self.model is None:
             raise ValueError("--model (HYPIC_SCATTER_MODEL) is required")
         self.model = Path(self.model)
-        if self.port_file is not None:
-            self.port_file = Path(self.port_file)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port out of range: {self.port}")
-        if self.max_message_bytes < 64 * 1024:
-            raise ValueError("max_message_bytes must be at least 64 KiB")
         if self.chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be > 0")
         self.chunk_bytes = min(self.chunk_bytes, self.max_message_bytes - 4096)

@@ -8,13 +8,14 @@ tests and launchers learn an ephemeral port. `--help` lists every flag and its e
 from __future__ import annotations
 
 import asyncio
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import REGISTRY
 
 from common.rpc import service
+from common.rpc.nixl_listen import restrict_nixl_to_host
 from protos.hypic.v1 import segcache_pb2_grpc
+from services.segcache.access import writer_role_interceptor
 from services.segcache.config import ENV_PREFIX, SegcacheConfig
 from services.segcache.metrics import StoreCollector
 from services.segcache.nixl_agent import LeaseManager
@@ -30,6 +31,7 @@ class SegcacheService(service.Service):
 
     async def prepare(self) -> None:
         cfg = self.cfg
+        self.nixl_devices = restrict_nixl_to_host(cfg.host)  # before the first NIXL agent
         self.executor = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="segcache-io")
         self.store = SegmentStore(cfg)
         self.leases = LeaseManager(self.store, enabled=cfg.nixl, backend=cfg.nixl_backend,
@@ -40,6 +42,13 @@ class SegcacheService(service.Service):
                        if cfg.remote_url else None)
         if self.remote is not None:
             REGISTRY.register(RemoteCollector(self.remote))
+
+    def interceptors(self) -> list:
+        guard = writer_role_interceptor(self.cfg)
+        if guard.open:
+            self.log.warning("segcache writes are open to every caller: set --tls-cert/--tls-key/"
+                             "--tls-ca (mutual TLS) or --write-token (docs/security.md)")
+        return [guard]
 
     def register(self, server, port: int) -> None:
         servicer = SegcacheServicer(self.cfg, self.store, self.leases, self.executor)
@@ -60,7 +69,8 @@ class SegcacheService(service.Service):
         return {"nixl": self.leases.available}
 
     def serving_info(self) -> dict:
-        return {"nixl": self.leases.available, "nixl_reason": self.leases.reason or None}
+        return {"nixl": self.leases.available, "nixl_reason": self.leases.reason or None,
+                "nixl_net_devices": self.nixl_devices}
 
     async def stopping(self) -> None:
         self.reaper.cancel()
@@ -78,4 +88,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    service.exit_process(main())

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.rpc.config import ServiceConfig
+from common.rpc.auth import write_token_field
 from services.segcache.remote_tier import parse_remote_url
 
 ENV_PREFIX = "HYPIC_SEGCACHE_"
@@ -23,7 +25,7 @@ def _h(text: str) -> dict:
 
 
 @dataclass
-class SegcacheConfig:
+class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, log_json
     """The tiered segment cache (tier 0 device, tier 1 host DRAM, tier 2 LMDB)."""
 
     # --- network -------------------------------------------------------------------------
@@ -58,7 +60,13 @@ class SegcacheConfig:
     nixl: bool = field(default=True, metadata=_h("offer the NIXL path when nixl imports"))
     nixl_backend: str = field(default="UCX", metadata=_h("NIXL backend"))
     lease_ttl_s: float = field(default=30.0, metadata=_h("a NIXL lease ends by itself after this"))
-    # --- observability -------------------------------------------------------------------
+
+    # --- authorisation (docs/security.md) ---------------------------------------------------
+    write_token: Optional[str] = write_token_field(
+        "Put/Delete/Pin need this in x-hypic-write-token unless the client certificate is a writer's")
+    writer_names: str = field(default="scatter,combine", metadata=_h(
+        "client certificate common names with the writer role (comma list; mutual TLS)"))
+    # --- the shared remote tier (docs/segcache.md) ---------------------------------------
     remote_url: str = field(default="", metadata=_h(
         "shared remote tier below LMDB: mooncake://MASTER_HOST:RPC_PORT (Mooncake Store); "
         "empty = off"))
@@ -66,15 +74,10 @@ class SegcacheConfig:
         "write-behind queue to the remote tier; a full queue drops the write (counted)"))
     remote_segment_bytes: int = field(default=256 * MiB, metadata=_h(
         "memory this segcache contributes to the Mooncake Store"))
-    metrics_port: int = field(default=-1, metadata=_h("Prometheus port; -1 = off, 0 = ephemeral"))
-    metrics_host: str = field(default="127.0.0.1", metadata=_h("Prometheus bind address"))
-    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
-    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
 
     def __post_init__(self) -> None:
+        self.check_server()
         self.data_dir = Path(self.data_dir)
-        if self.port_file is not None:
-            self.port_file = Path(self.port_file)
         self.policy = self.policy.lower()
         if self.policy not in ("gdsf", "lru"):
             raise ValueError(f"policy must be gdsf or lru, not {self.policy!r}")
@@ -83,10 +86,6 @@ class SegcacheConfig:
                 raise ValueError(f"{name} must be >= 0")
         if self.disk_bytes <= 0:
             raise ValueError("disk_bytes must be > 0 (LMDB is the persistent tier)")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port out of range: {self.port}")
-        if self.max_message_bytes < 64 * 1024:
-            raise ValueError("max_message_bytes must be at least 64 KiB")
         if self.chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be > 0")
         # A chunk plus protobuf framing must fit in one message.

@@ -2,7 +2,7 @@
 in host memory, and the entry cannot be evicted until the lease is released.
 
 A mixin of SegmentStore (store.py): it works on the store's index under the store's `_lock`, and
-uses its tier bookkeeping (`_track`, `_untrack`, `_touch`, `_count_read`) and disk read
+uses its tier bookkeeping (`_track`, `_untrack`, `_hit`, `_count_read`) and disk read
 (`_get_from_disk`). Kept apart because it is its own concept with its own accounting
 (`leases_active`, `staging_bytes`).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from services.segcache.records import TIER_DEVICE, TIER_HOST, TIER_MISS, Entry, HostLease
+from services.segcache.records import TIER_DEVICE, TIER_HOST, Entry, HostLease
 
 
 class HostLeases:
@@ -34,21 +34,17 @@ class HostLeases:
         until release_host(). Counts as a read. None on a miss (or a corrupt disk copy)."""
         tensor = None
         with self._lock:
-            e = self._entries.get(key)
+            e = self._entry_to_read(key)
             if e is None:
-                self._count_read(TIER_MISS)
                 return None
             if e.host is not None:
-                self._count_read(TIER_HOST)
-                self._touch(e)
+                self._hit(e, TIER_HOST)
                 return self._lease_host(e, e.host, staged=False)
             if key in self._pending:
-                self._count_read(TIER_HOST)
-                self._touch(e)
+                self._hit(e, TIER_HOST)
                 return self._lease_host(e, self._pending[key], staged=True)
             if e.device is not None:
-                self._count_read(TIER_DEVICE)
-                self._touch(e)
+                self._hit(e, TIER_DEVICE)
                 tensor = e.device
         if tensor is not None:
             arr = tensor.cpu().numpy()

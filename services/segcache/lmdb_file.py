@@ -1,7 +1,7 @@
 """The segment store's persistence: its LMDB file and the write-behind thread (no tiers here).
 
 LMDB holds two databases, written in one transaction per commit:
-  data: key -> 32-byte header (magic "HSC1", version, payload length, blake2b-128 digest) + payload
+  data: key -> 32-byte header (magic "HSC1", version, payload length, XXH3-128 digest, common/checksum.py) + payload
   meta: key -> size, recompute cost, token count, pin flag, digest, model fingerprint
 The index is rebuilt from `meta` at start (`LmdbFile.load_index`). Bytes read back are verified
 against the header and the meta digest; a mismatch raises CorruptEntry.
@@ -23,8 +23,8 @@ from services.segcache.config import SegcacheConfig
 from services.segcache.records import HEADER_BYTES, CacheFull, CorruptEntry, Entry, checksum
 
 MAGIC = b"HSC1"
-FORMAT_VERSION = 1
-# magic, version, flags, payload length, blake2b digest
+FORMAT_VERSION = 2  # 2: XXH3-128 digests (common.checksum); version 1 (blake2b) records read as corrupt
+# magic, version, flags, payload length, digest
 HEADER = struct.Struct("<4sHHQ16s")
 assert HEADER.size == HEADER_BYTES
 # version, flags (bit 0: pinned), pad, token count, size, recompute cost, digest; fingerprint follows

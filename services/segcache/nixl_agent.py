@@ -9,8 +9,8 @@ registered on the first lease, deregistered when the last lease on it ends; the 
 the region's partial agent metadata, which the reader loads before its READ. A lease ends on
 ReleaseNixlLease or, if the reader never says so, after lease_ttl_s. A Delete during a lease
 removes the key at once, but its buffer stays allocated and registered until the lease ends.
-Readers verify the checksum returned with the lease, so even a reader that outlives its
-lease can never accept wrong bytes.
+Readers verify the checksum returned with the lease (or, like the combine, the entry's own
+digest over every byte), so even a reader that outlives its lease can never accept wrong bytes.
 
 Without nixl (not installed, no UCX backend, --no-nixl) the service still runs: NixlInfo
 reports available=false with the reason and OpenNixlLease answers FAILED_PRECONDITION.
@@ -162,3 +162,4 @@ class LeaseManager:
             self._leases.clear()
         for l in leases:
             self._end(l)
+        self.agent.close()

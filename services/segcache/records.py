@@ -5,7 +5,6 @@ Shared by the store (store.py), its LMDB file (lmdb_file.py) and the NIXL lease 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,10 +12,11 @@ import numpy as np
 
 from services.segcache.policy import Policy
 
+from common.checksum import DIGEST_BYTES, checksum  # noqa: F401  (the one checksum; re-exported)
+
 TIER_MISS, TIER_DEVICE, TIER_HOST, TIER_DISK = 0, 1, 2, 3
 TIER_NAMES = {TIER_MISS: "miss", TIER_DEVICE: "device", TIER_HOST: "host", TIER_DISK: "disk"}
-DIGEST_BYTES = 16
-# The LMDB value's header (lmdb_file.py): magic, version, flags, payload length, blake2b digest.
+# The LMDB value's header (lmdb_file.py): magic, version, flags, payload length, XXH3-128 digest.
 # Here because an entry's stored length counts it.
 HEADER_BYTES = 32
 
@@ -48,11 +48,6 @@ class ChecksumMismatch(SegcacheError):
 
 class CorruptEntry(Exception):
     """Internal: an LMDB value failed verification."""
-
-
-def checksum(data: Any) -> bytes:
-    """blake2b-128 of a bytes-like object (numpy arrays included)."""
-    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=DIGEST_BYTES).digest()
 
 
 # ---- records ------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ class SegmentStore(HostLeases):
             with self._wlock:
                 with self._lock:
                     victims = self._disk_victims(0, strict=False)
-                self._lmdb_commit(deletes=victims)
+                self._lmdb.commit(deletes=victims)
                 log.warning("disk budget below stored bytes at start; evicted", entries=len(victims))
         self.disk.peak = self.disk.bytes
         log.info("index loaded", entries=len(self._entries), disk_bytes=self.disk.bytes)
@@ -210,11 +210,6 @@ class SegmentStore(HostLeases):
         return victims
 
     # ---- LMDB -----------------------------------------------------------------------------
-    def _lmdb_commit(self, puts: Sequence[tuple[Entry, np.ndarray]] = (),
-                     deletes: Iterable[Entry] = (), meta_only: Sequence[Entry] = ()) -> None:
-        """One write transaction (caller holds _wlock)."""
-        self._lmdb.commit(puts, deletes, meta_only)
-
     def _read_disk(self, e: Entry) -> np.ndarray:
         return self._lmdb.read(e)
 
@@ -225,7 +220,7 @@ class SegmentStore(HostLeases):
                     return  # already deleted or replaced
                 self._forget(e)
                 self.corrupt_dropped += 1
-            self._lmdb_commit(deletes=[e])
+            self._lmdb.commit(deletes=[e])
         log.warning("corrupt entry dropped", key=e.key, reason=reason)
 
     # ---- validation -----------------------------------------------------------------------
@@ -289,7 +284,7 @@ class SegmentStore(HostLeases):
                     return PutResult(self._info(old), created=False)
                 victims = self._disk_victims(e.stored_len) if self.cfg.write_through else []
             if self.cfg.write_through:
-                self._lmdb_commit(puts=[(e, arr)], deletes=victims)
+                self._lmdb.commit(puts=[(e, arr)], deletes=victims)
             with self._lock:
                 e.on_disk = self.cfg.write_through
                 self._entries[key] = e
@@ -329,29 +324,37 @@ class SegmentStore(HostLeases):
                 return
             t.misses += 1
 
+    def _entry_to_read(self, key: str) -> Entry | None:
+        """key's entry, or None counted as a read that missed every tier (caller holds _lock)."""
+        e = self._entries.get(key)
+        if e is None:
+            self._count_read(TIER_MISS)
+        return e
+
+    def _hit(self, e: Entry, tier: int) -> None:
+        """A read of e answered by `tier` (caller holds _lock)."""
+        self._count_read(tier)
+        self._touch(e)
+
     def get(self, key: str) -> tuple[EntryInfo, np.ndarray] | None:
         """The entry's bytes from the fastest tier (a slower-tier hit is promoted), or None.
         A disk copy that fails verification is dropped everywhere and reported as None."""
         tensor = None
         with self._lock:
-            e = self._entries.get(key)
+            e = self._entry_to_read(key)
             if e is None:
-                self._count_read(TIER_MISS)
                 return None
             if e.device is not None:
-                self._count_read(TIER_DEVICE)
-                self._touch(e)
+                self._hit(e, TIER_DEVICE)
                 tensor, info = e.device, self._info(e)
             elif e.host is not None:
-                self._count_read(TIER_HOST)
-                self._touch(e)
+                self._hit(e, TIER_HOST)
                 arr, info = e.host, self._info(e)
                 if self.device.enabled and e.evictable:
                     self._promote(e, arr, self.device)
                 return info, arr
             elif key in self._pending:
-                self._count_read(TIER_HOST)
-                self._touch(e)
+                self._hit(e, TIER_HOST)
                 return self._info(e), self._pending[key]
         if tensor is not None:
             return info, tensor.cpu().numpy()
@@ -384,8 +387,7 @@ class SegmentStore(HostLeases):
         with self._lock:
             info = self._info(e)  # the tier that answered, before any promotion
             if self._entries.get(e.key) is e:
-                self._count_read(TIER_DISK)
-                self._touch(e)
+                self._hit(e, TIER_DISK)
                 if e.host is None and e.device is None and e.evictable:
                     self._promote(e, arr, self.host)
             return info, arr
@@ -398,7 +400,7 @@ class SegmentStore(HostLeases):
                 for e in gone:
                     self._forget(e)
             if on_disk:
-                self._lmdb_commit(deletes=on_disk)
+                self._lmdb.commit(deletes=on_disk)
         return len(gone)
 
     def pin(self, keys: Iterable[str], pinned: bool = True) -> tuple[int, list[str]]:
@@ -422,7 +424,7 @@ class SegmentStore(HostLeases):
                     if e.on_disk:
                         persist.append(e)
             if persist:
-                self._lmdb_commit(meta_only=persist)
+                self._lmdb.commit(meta_only=persist)
         return updated, missing
 
     # ---- write-behind (the WriteBehind thread calls this) -------------------------------
@@ -442,11 +444,11 @@ class SegmentStore(HostLeases):
                         self._forget(e)
                     log.error("write-behind: no disk room; entry stays memory-only", key=key)
                     return
-            self._lmdb_commit(puts=[(e, arr)], deletes=victims)
+            self._lmdb.commit(puts=[(e, arr)], deletes=victims)
             with self._lock:
                 self._pending.pop(key, None)
                 if self._entries.get(key) is not e:  # deleted meanwhile
-                    self._lmdb_commit(deletes=[e])
+                    self._lmdb.commit(deletes=[e])
                     return
                 e.on_disk = True
                 self.disk.add(e.stored_len)

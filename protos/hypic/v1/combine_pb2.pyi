@@ -34,7 +34,7 @@ class PlannedSegment(_message.Message):
     def __init__(self, key: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., source: _Optional[_Union[SegmentSource, str]] = ..., worker: _Optional[int] = ..., est_cost_s: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("request_id", "segments", "query", "seam", "model_fingerprint", "dtype", "mode", "max_tokens", "temperature", "top_k", "seed", "return_logits", "stop_at_eos", "scatter_addresses", "segcache_address", "store_entries")
+    __slots__ = ("request_id", "segments", "query", "seam", "model_fingerprint", "dtype", "mode", "max_tokens", "temperature", "top_k", "seed", "return_logits", "stop_at_eos", "scatter_addresses", "segcache_address", "store_entries", "top_p")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +51,7 @@ class Plan(_message.Message):
     SCATTER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     SEGCACHE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STORE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     segments: _containers.RepeatedCompositeFieldContainer[PlannedSegment]
     query: _containers.RepeatedScalarFieldContainer[int]
@@ -67,7 +68,8 @@ class Plan(_message.Message):
     scatter_addresses: _containers.RepeatedScalarFieldContainer[str]
     segcache_address: str
     store_entries: bool
-    def __init__(self, request_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[PlannedSegment, _Mapping]]] = ..., query: _Optional[_Iterable[int]] = ..., seam: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., mode: _Optional[_Union[_router_pb2.PrefillMode, str]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ..., store_entries: _Optional[bool] = ...) -> None: ...
+    top_p: float
+    def __init__(self, request_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[PlannedSegment, _Mapping]]] = ..., query: _Optional[_Iterable[int]] = ..., seam: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., mode: _Optional[_Union[_router_pb2.PrefillMode, str]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ..., store_entries: _Optional[bool] = ..., top_p: _Optional[float] = ...) -> None: ...
 
 class SegmentReady(_message.Message):
     __slots__ = ("index", "source", "tier", "fetch_s", "build_s", "tokens", "worker", "via_nixl")

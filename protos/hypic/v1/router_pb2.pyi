@@ -29,7 +29,7 @@ class Segment(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("segments", "query", "max_tokens", "temperature", "top_k", "seed", "mode", "return_logits", "stop_at_eos", "request_id")
+    __slots__ = ("segments", "query", "max_tokens", "temperature", "top_k", "seed", "mode", "return_logits", "stop_at_eos", "request_id", "top_p")
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class GenerateRequest(_message.Message):
     RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
     STOP_AT_EOS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
     segments: _containers.RepeatedCompositeFieldContainer[Segment]
     query: Segment
     max_tokens: int
@@ -50,7 +51,8 @@ class GenerateRequest(_message.Message):
     return_logits: bool
     stop_at_eos: bool
     request_id: str
-    def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., query: _Optional[_Union[Segment, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[PrefillMode, str]] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...
+    top_p: float
+    def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., query: _Optional[_Union[Segment, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[PrefillMode, str]] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., top_p: _Optional[float] = ...) -> None: ...
 
 class SegmentTrace(_message.Message):
     __slots__ = ("index", "source", "worker", "tier", "fetch_s", "build_s", "tokens", "via_nixl")
@@ -73,8 +75,15 @@ class SegmentTrace(_message.Message):
     def __init__(self, index: _Optional[int] = ..., source: _Optional[str] = ..., worker: _Optional[str] = ..., tier: _Optional[str] = ..., fetch_s: _Optional[float] = ..., build_s: _Optional[float] = ..., tokens: _Optional[int] = ..., via_nixl: _Optional[bool] = ...) -> None: ...
 
 class Timings(_message.Message):
-    __slots__ = ("tokenize_s", "lookup_s", "scatter_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s", "total_s", "segments", "hits", "misses", "prompt_tokens", "hits_by_tier", "trace")
+    __slots__ = ("tokenize_s", "lookup_s", "scatter_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s", "total_s", "segments", "hits", "misses", "prompt_tokens", "hits_by_tier", "trace", "cached_tokens", "cached_tokens_by_tier")
     class HitsByTierEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class CachedTokensByTierEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +105,8 @@ class Timings(_message.Message):
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     HITS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
     tokenize_s: float
     lookup_s: float
     scatter_s: float
@@ -111,7 +122,9 @@ class Timings(_message.Message):
     prompt_tokens: int
     hits_by_tier: _containers.ScalarMap[str, int]
     trace: _containers.RepeatedCompositeFieldContainer[SegmentTrace]
-    def __init__(self, tokenize_s: _Optional[float] = ..., lookup_s: _Optional[float] = ..., scatter_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., compose_s: _Optional[float] = ..., seams_s: _Optional[float] = ..., query_prefill_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., segments: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., hits_by_tier: _Optional[_Mapping[str, int]] = ..., trace: _Optional[_Iterable[_Union[SegmentTrace, _Mapping]]] = ...) -> None: ...
+    cached_tokens: int
+    cached_tokens_by_tier: _containers.ScalarMap[str, int]
+    def __init__(self, tokenize_s: _Optional[float] = ..., lookup_s: _Optional[float] = ..., scatter_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., compose_s: _Optional[float] = ..., seams_s: _Optional[float] = ..., query_prefill_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., segments: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., hits_by_tier: _Optional[_Mapping[str, int]] = ..., trace: _Optional[_Iterable[_Union[SegmentTrace, _Mapping]]] = ..., cached_tokens: _Optional[int] = ..., cached_tokens_by_tier: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
     __slots__ = ("token_id", "text", "index", "logits")

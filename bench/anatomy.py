@@ -1,0 +1,165 @@
+"""Anatomy of a warm request: the mesh's per-hop breakdown against the all-hit floor.
+
+    python -m bench.anatomy [--segments 8 --seg-tokens 512] [--reps 9] [--no-nixl]
+                            [--random-model hidden=1024,layers=16,ratio=3:1 | --random-model '']
+
+For the bundled model and a random-weight model of a realistic shape (timing only), one run:
+1. starts the mesh (hypic.launcher.Mesh: segcache, one scatter, combine, router; 1 torch thread
+   per process), sends one request of `segments` random segments so that their entries are
+   built and stored, then the same request `reps` times warm (every segment a segcache hit);
+2. prints the median client TTFT and the `Timings` the SDK returns (lookup, transfer, compose,
+   seams, query prefill, server TTFT) and the rest (router + gRPC + tokens out);
+3. measures the all-hit floor in this process: the entries' bytes at memcpy speed (np.copyto
+   into a pre-faulted buffer) + the seam and query tokens at prefill speed (a plain forward of
+   `seg-tokens` tokens, per token) -- what a request cannot beat on this machine with every
+   entry cached; and reports warm TTFT / floor.
+Writes bench/results/anatomy.json (timestamps, load average and the labels with it).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model  # noqa: E402
+from hypic.launcher import DEFAULT_MODEL, Mesh  # noqa: E402
+
+HOPS = ("lookup_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s")
+
+
+def median(xs) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def prompt(vocab: int, n: int, tokens: int, query: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    segs = [torch.randint(10, vocab, (tokens,), generator=g).tolist() for _ in range(n)]
+    return segs, torch.randint(10, vocab, (query,), generator=g).tolist()
+
+
+def mesh_anatomy(model: Path, segs, query, reps: int, nixl: bool) -> dict:
+    import hypic
+
+    flags = [] if nixl else ["--no-nixl"]
+    with tempfile.TemporaryDirectory(prefix="hypic-anatomy-") as d, \
+            Mesh(model, d, n_scatter=1, threads=1, start_timeout_s=600,
+                 extra_args={"segcache": flags, "combine": flags}) as mesh:
+        with hypic.Client(mesh.router_address, timeout=600) as client:
+            t = time.perf_counter()
+            cold = client.generate(segs, query, max_tokens=1, stream=False)
+            cold_s = time.perf_counter() - t
+            time.sleep(1.0)  # the entries' stores to segcache finish in the background
+            runs = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                stream = client.generate(segs, query, max_tokens=1)
+                first = None
+                for _tok in stream:
+                    first = first or time.perf_counter()
+                tm = stream.timings
+                runs.append(dict(client_ttft_s=first - t, hits=tm.hits, segments=tm.segments,
+                                 via_nixl=sum(s.via_nixl for s in tm.trace), tiers=dict(tm.hits_by_tier),
+                                 **{h: getattr(tm, h) for h in HOPS}))
+    out = {k: median([r[k] for r in runs]) for k in ("client_ttft_s", *HOPS)}
+    out.update(cold_ttft_s=cold_s, cold_hits=cold.timings.hits if cold.timings else None,
+               hits=min(r["hits"] for r in runs), segments=runs[0]["segments"],
+               via_nixl=min(r["via_nixl"] for r in runs), tiers=runs[-1]["tiers"], reps=reps)
+    return out
+
+
+def floor(model: Path, segs, query, seam: int, reps: int) -> dict:
+    """Entry bytes at memcpy speed + seam and query tokens at prefill speed, in this process."""
+    from common.engine import HybridEngine
+
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    eng = HybridEngine.from_pretrained(model)
+    entry_bytes = len(eng.build_entry(segs[0], seam).to_bytes()) * len(segs)  # same-length segments
+    src = np.random.default_rng(0).integers(0, 256, entry_bytes, dtype=np.uint8)
+    dst = np.ones_like(src)
+    copy = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        copy.append(time.perf_counter() - t)
+    eng.forward(segs[0])
+    fwd = []
+    for _ in range(max(3, reps // 3)):
+        t = time.perf_counter()
+        eng.forward(segs[0])
+        fwd.append(time.perf_counter() - t)
+    per_token = median(fwd) / len(segs[0])
+    tokens = len(segs) * min(seam, len(segs[0])) + len(query)
+    return dict(entry_bytes=entry_bytes, memcpy_s=median(copy), memcpy_gbps=entry_bytes / median(copy) / 1e9,
+                prefill_per_token_s=per_token, seam_query_tokens=tokens, tokens_s=tokens * per_token,
+                floor_s=median(copy) + tokens * per_token)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(DEFAULT_MODEL), help="'' to skip")
+    ap.add_argument("--random-model", default="hidden=1024,layers=16,ratio=3:1", help="'' to skip")
+    ap.add_argument("--segments", type=int, default=8)
+    ap.add_argument("--seg-tokens", type=int, default=512)
+    ap.add_argument("--query-tokens", type=int, default=16)
+    ap.add_argument("--seam", type=int, default=8, help="the mesh's seam (Mesh default)")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--no-nixl", action="store_true", help="segcache and combine without NIXL")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "anatomy.json")
+    args = ap.parse_args(argv)
+    results = dict(segments=args.segments, seg_tokens=args.seg_tokens, query_tokens=args.query_tokens,
+                   nixl=not args.no_nixl, load_avg_start=os.getloadavg(), models=[])
+    with tempfile.TemporaryDirectory(prefix="hypic-anatomy-model-") as tmp:
+        models = [(Path(args.model), Path(args.model).name, None)] if args.model else []
+        if args.random_model:
+            spec = parse_spec(args.random_model)
+            models.append((save_random_model(spec, Path(tmp) / "random", tokenizer_from=DEFAULT_MODEL),
+                           describe(spec), RANDOM_LABEL))
+        for path, label, random_label in models:
+            vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+            segs, query = prompt(vocab, args.segments, args.seg_tokens, args.query_tokens, seed=7)
+            print(f"== {label}", flush=True)
+            mesh = mesh_anatomy(path, segs, query, args.reps, nixl=not args.no_nixl)
+            fl = floor(path, segs, query, args.seam, args.reps)
+            row = dict(model=label, random_weights=random_label, mesh=mesh, floor=fl,
+                       ttft_over_floor=mesh["client_ttft_s"] / fl["floor_s"])
+            results["models"].append(row)
+            report(row)
+    results["load_avg_end"] = os.getloadavg()
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {args.out}")
+    return results
+
+
+def report(row: dict) -> None:
+    m, f = row["mesh"], row["floor"]
+    ms = lambda s: f"{1e3 * s:8.1f} ms"  # noqa: E731
+    rest = m["client_ttft_s"] - m["ttft_s"]
+    print(f"  warm: {m['hits']}/{m['segments']} hits ({m['via_nixl']} via NIXL, tiers {m['tiers']}), "
+          f"cold TTFT {ms(m['cold_ttft_s']).strip()}")
+    for name in HOPS:
+        print(f"  {name:<18}{ms(m[name])}")
+    print(f"  {'router+rpc+out':<18}{ms(rest)}   (client TTFT - server TTFT)")
+    print(f"  {'client TTFT':<18}{ms(m['client_ttft_s'])}")
+    print(f"  floor: {f['entry_bytes'] / 2**20:.1f} MiB at memcpy {f['memcpy_gbps']:.2f} GB/s = "
+          f"{ms(f['memcpy_s']).strip()}"
+          f" + {f['seam_query_tokens']} tokens at {1e3 * f['prefill_per_token_s']:.3f} ms = "
+          f"{ms(f['tokens_s']).strip()} -> {ms(f['floor_s']).strip()}")
+    print(f"  warm TTFT / floor = {row['ttft_over_floor']:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""TLS and mutual TLS for every service's server and for the channels it opens to its peers.
+
+A service config inherits `TlsConfig` (fields `--tls-cert/--tls-key/--tls-ca`, env
+`HYPIC_<SERVICE>_TLS_*` or, shared by the whole mesh, `HYPIC_TLS_*`):
+
+    server_credentials(cfg)   # None: plaintext; else TLS, client certs required when tls_ca is set
+    open_channel(target, options, cfg)   # secure_channel when cfg has a CA, else insecure_channel
+
+With a CA the channel verifies the server's certificate against it and presents this service's
+own certificate (its identity, e.g. CN=scatter, which segcache checks for the writer role).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import grpc
+
+
+def _h(text: str, **extra: Any) -> dict:
+    return {"help": text, "shared_env": True, **extra}
+
+
+@dataclass
+class TlsConfig:
+    """The TLS fields every service config has (a base dataclass: all fields have defaults)."""
+
+    tls_cert: Optional[Path] = field(default=None, metadata=_h(
+        "PEM certificate of this service: served with --tls-key, and presented to peers as its identity"))
+    tls_key: Optional[Path] = field(default=None, metadata=_h("PEM private key of --tls-cert"))
+    tls_ca: Optional[Path] = field(default=None, metadata=_h(
+        "PEM CA bundle: peers' certificates are verified against it (mutual TLS)"))
+    tls_require_client_cert: bool = field(default=True, metadata=_h(
+        "with --tls-ca, refuse clients without a certificate signed by it"))
+
+    def __post_init__(self) -> None:
+        self.check_tls()
+
+    def check_tls(self) -> None:
+        """Paths as Paths; --tls-cert and --tls-key together (ValueError otherwise)."""
+        for name in ("tls_cert", "tls_key", "tls_ca"):
+            v = getattr(self, name)
+            if v is not None:
+                setattr(self, name, Path(v))
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        # The files are read when the server starts (a missing one fails the start, logged):
+        # a config can be checked where the secrets are not mounted (tests/test_compose_file.py).
+
+    @property
+    def tls_on(self) -> bool:
+        """This service serves TLS (and a client cert is presented to peers)."""
+        return self.tls_cert is not None
+
+    @property
+    def mutual_tls(self) -> bool:
+        """Clients must present a certificate signed by tls_ca."""
+        return self.tls_on and self.tls_ca is not None and self.tls_require_client_cert
+
+
+def _read(path: Path | None) -> bytes | None:
+    return None if path is None else Path(path).read_bytes()
+
+
+def server_credentials(cfg: Any) -> grpc.ServerCredentials | None:
+    """The server side: None when TLS is off (cfg without tls fields counts as off)."""
+    if getattr(cfg, "tls_cert", None) is None:
+        return None
+    return grpc.ssl_server_credentials(
+        [(_read(cfg.tls_key), _read(cfg.tls_cert))], root_certificates=_read(cfg.tls_ca),
+        require_client_auth=bool(cfg.tls_ca is not None and cfg.tls_require_client_cert))
+
+
+def channel_credentials(cfg: Any) -> grpc.ChannelCredentials | None:
+    """The client side toward peers: None (plaintext) unless the service has a CA to verify
+    them with; its own certificate, when it has one, is presented as its identity."""
+    if getattr(cfg, "tls_ca", None) is None:
+        return None
+    return grpc.ssl_channel_credentials(root_certificates=_read(cfg.tls_ca),
+                                        private_key=_read(cfg.tls_key),
+                                        certificate_chain=_read(cfg.tls_cert))
+
+
+def open_channel(target: str, options: Sequence[tuple[str, Any]] = (), cfg: Any = None) -> grpc.aio.Channel:
+    """A grpc.aio channel to a peer, secure when `cfg` says so."""
+    creds = channel_credentials(cfg) if cfg is not None else None
+    if creds is None:
+        return grpc.aio.insecure_channel(target, options=list(options))
+    return grpc.aio.secure_channel(target, creds, options=list(options))
+
+
+def server_credentials_kind(cfg: Any) -> str:
+    """"off" | "tls" | "mutual": what the service's server demands, for its start-up log line."""
+    if getattr(cfg, "tls_cert", None) is None:
+        return "off"
+    return "mutual" if cfg.mutual_tls else "tls"

@@ -1,0 +1,87 @@
+"""FrontConfig: every knob of the OpenAI-compatible front.
+
+Flags are `--field-name`, environment variables `HYPIC_FRONTEND_FIELD_NAME`; flag > env > default
+(common.rpc.config). `--router-addresses` is comma-separated; requests go round-robin, the next
+router when one is unreachable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from common import modes
+
+ENV_PREFIX = "HYPIC_FRONTEND_"
+MODE_NAMES = (*modes.MODES, *modes.ALIASES)  # canonical names, and "naive" (additive's old name)
+
+
+def _h(text: str) -> dict:
+    return {"help": text}
+
+
+@dataclass
+class FrontConfig:
+    """OpenAI-compatible HTTP front of the Hypic routers."""
+
+    # --- model ---------------------------------------------------------------------------
+    model: Path = field(default=Path("models/hypic-tiny-qwen35"), metadata=_h(
+        "model directory the routers serve (its tokenizer and tokenizer_config.json chat template)"))
+    served_model_name: str = field(default="", metadata=_h(
+        "the model id clients send; empty = the model directory's name"))
+    # --- network -------------------------------------------------------------------------
+    host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
+    port: int = field(default=8000, metadata=_h("HTTP port; 0 = ephemeral"))
+    port_file: Optional[Path] = field(default=None, metadata=_h(
+        "write {port, pid} as JSON here once serving"))
+    router_addresses: str = field(default="127.0.0.1:50051", metadata=_h(
+        "router host:port list, comma-separated"))
+    api_key: str = field(default="", metadata=_h(
+        "when set, every /v1 request needs 'Authorization: Bearer <key>' (else 401)"))
+    router_tls_ca: Optional[Path] = field(default=None, metadata=_h(
+        "PEM CA that signed the routers' certificate: reach them over TLS (else plaintext)"))
+    router_api_key: str = field(default="", metadata=_h(
+        "bearer token the routers require (their --api-key; '@FILE' reads it from a file)"))
+    # --- request handling ----------------------------------------------------------------
+    segment_separator: str = field(default=" # # ", metadata=_h(
+        "LMCache-style separator: a completions prompt is split on it into segments, the last "
+        "piece being the query; empty = off"))
+    default_mode: str = field(default="hypic", metadata=_h(
+        "prefill mode when a request names none: hypic | full | prefix | additive (naive: its old name)"))
+    default_max_tokens: int = field(default=128, metadata=_h(
+        "max_tokens when a request gives none"))
+    max_in_flight: int = field(default=256, metadata=_h("requests in flight before 429"))
+    request_timeout_s: float = field(default=300.0, metadata=_h("deadline of one generation"))
+    grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    # --- observability -------------------------------------------------------------------
+    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
+    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
+
+    def __post_init__(self) -> None:
+        self.model = Path(self.model)
+        if self.port_file is not None:
+            self.port_file = Path(self.port_file)
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        if not self.routers:
+            raise ValueError("at least one router address is needed (--router-addresses)")
+        self.default_mode = self.default_mode.lower()
+        if self.default_mode not in MODE_NAMES:
+            raise ValueError(f"default_mode must be one of {', '.join(MODE_NAMES)}")
+        for name in ("default_max_tokens", "max_in_flight"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        for name in ("request_timeout_s", "grace_s"):
+            v = getattr(self, name)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number > 0")
+
+    @property
+    def routers(self) -> list[str]:
+        return [a.strip() for a in (self.router_addresses or "").split(",") if a.strip()]
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model.resolve().name

@@ -1,0 +1,38 @@
+"""The front's Prometheus metrics: vLLM's request metrics under the project's `hypic_` namespace
+(vllm:time_to_first_token_seconds -> hypic_time_to_first_token_seconds, ...), each with a
+`model_name` label, served at GET /metrics beside the HTTP API."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# vLLM's request-latency buckets (seconds).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+               2.5, 5.0, 7.5, 10.0)
+E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+               40.0, 50.0, 60.0, 120.0, 240.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+
+TTFT = Histogram("hypic_time_to_first_token_seconds", "Front receipt to the first token",
+                 ["model_name"], buckets=TTFT_BUCKETS)
+ITL = Histogram("hypic_inter_token_latency_seconds", "Time between consecutive output tokens",
+                ["model_name"], buckets=ITL_BUCKETS)
+E2E = Histogram("hypic_e2e_request_latency_seconds", "Front receipt to the last token",
+                ["model_name"], buckets=E2E_BUCKETS)
+PROMPT_TOKENS = Counter("hypic_prompt_tokens", "Prefill tokens processed", ["model_name"])
+GENERATION_TOKENS = Counter("hypic_generation_tokens", "Generated tokens", ["model_name"])
+CACHED_PROMPT_TOKENS = Counter("hypic_prompt_tokens_cached",
+                               "Prompt tokens served from cache, by segcache tier",
+                               ["model_name", "tier"])
+PROMPT_TOKENS_HIST = Histogram("hypic_request_prompt_tokens", "Prompt tokens per request",
+                               ["model_name"], buckets=TOKEN_BUCKETS)
+GENERATION_TOKENS_HIST = Histogram("hypic_request_generation_tokens",
+                                   "Generated tokens per request", ["model_name"],
+                                   buckets=TOKEN_BUCKETS)
+SUCCESS = Counter("hypic_request_success", "Finished requests by finish reason",
+                  ["model_name", "finished_reason"])
+RUNNING = Gauge("hypic_num_requests_running", "Requests in flight at the front", ["model_name"])
+HTTP = Counter("hypic_front_http_requests", "HTTP requests by endpoint and status",
+               ["endpoint", "status"])
