@@ -20,6 +20,8 @@ venv: $(STAMP)
 $(STAMP): $(REQS)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
+	ldconfig -p | grep -q libibverbs.so.1 || apt-get install -y -q libibverbs1 || \
+		echo "libibverbs1 missing: Mooncake (segcache --remote-url) will not load"
 	$(VPY) -m pip install -q -r requirements/base.txt -c requirements/constraints-cpu.txt
 	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(VPY) -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"

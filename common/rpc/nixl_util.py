@@ -40,6 +40,13 @@ class NixlTransferError(RuntimeError):
     """A NIXL transfer failed or timed out."""
 
 
+def _has_rdma_device() -> bool:
+    try:
+        return any(os.scandir("/sys/class/infiniband"))
+    except OSError:
+        return False
+
+
 def load_nixl() -> tuple[Any, str | None]:
     """(nixl._api module or None, reason it is unavailable or None). Imported once."""
     global _NIXL, _NIXL_ERROR
@@ -47,6 +54,11 @@ def load_nixl() -> tuple[Any, str | None]:
         if _NIXL is None and _NIXL_ERROR is None:
             # nixl's own logger prints INFO lines to stdout; keep stdout for the service.
             os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+            if not _has_rdma_device():
+                # With the system's libibverbs1 installed (Mooncake needs it) UCX loads its IB
+                # modules beside the wheel's own libibverbs, and the process segfaults at exit;
+                # without an RDMA device they are of no use anyway.
+                os.environ.setdefault("UCX_MODULES", "^ib")
             try:
                 from nixl import _api  # type: ignore[import-not-found]
                 _NIXL = _api

@@ -95,6 +95,13 @@ class SegcacheClient:
         return await self.stub.Pin(pb.PinRequest(keys=list(keys), pinned=pinned),
                                    timeout=self._t(timeout), metadata=self._write_md(request_id))
 
+    async def claim(self, keys: Sequence[str], holder: str, lease_s: float, *,
+                    request_id: str | None = None, timeout: float | None = None) -> list[pb.ClaimResult]:
+        """Build claims on `keys` (see ClaimRequest): granted, cached, or held by someone else."""
+        resp = await self.stub.Claim(pb.ClaimRequest(keys=list(keys), holder=holder, lease_s=lease_s),
+                                     timeout=self._t(timeout), metadata=self._md(request_id))
+        return list(resp.results)
+
     async def stats(self, *, timeout: float | None = None) -> pb.StatsResponse:
         return await self.stub.Stats(pb.StatsRequest(), timeout=self._t(timeout))
 

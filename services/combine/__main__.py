@@ -13,6 +13,7 @@ import asyncio
 from common.engine import HybridEngine
 from common.rpc import service
 from common.rpc.nixl_listen import restrict_nixl_to_host
+from common.rpc.segcache_ring import parse_addresses
 from protos.hypic.v1 import combine_pb2_grpc
 from services.combine.config import ENV_PREFIX, CombineConfig
 from services.combine.servicer import SERVICE_NAME, CombineServicer
@@ -38,7 +39,8 @@ class CombineService(service.Service):
         if self.cfg.warmup:
             await self.servicer.run(warmup, self.engine)
         if self.cfg.segcache_address:  # NIXL agent and probe now, not in the first request
-            await self.servicer.peers.prepare(self.cfg.segcache_address, timeout=60.0)
+            for addr in parse_addresses(self.cfg.segcache_address):
+                await self.servicer.peers.prepare(addr, timeout=60.0)
 
     def register(self, server, port: int) -> None:
         combine_pb2_grpc.add_CombineServicer_to_server(self.servicer, server)

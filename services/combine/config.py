@@ -60,7 +60,7 @@ class CombineConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
         "longest wait to connect to a scatter worker or segcache before trying elsewhere"))
     # --- peers ---------------------------------------------------------------------------
     segcache_address: Optional[str] = field(default=None, metadata=_h(
-        "segcache used when a plan names none; empty = none (every segment is built)"))
+        "segcache (host:port or a comma-separated list) used when a plan names none; empty = none (every segment is built)"))
     nixl: bool = field(default=True, metadata=_h(
         "read segcache hits with NIXL when both ends have it (else the gRPC stream)"))
     nixl_min_bytes: int = field(default=1 * MiB, metadata=_h(

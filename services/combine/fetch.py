@@ -30,6 +30,7 @@ from common.pic.seal import ForgedEntry, open_sealed, seal
 from common.rpc.log import REQUEST_ID_KEY
 from common.rpc.nixl_util import NixlUnavailable
 from common.rpc.segcache_client import ChecksumError, SegcacheClient
+from common.rpc.segcache_ring import owner, parse_addresses
 from common.rpc.server import channel_options
 from common.rpc.tls import open_channel
 from protos.hypic.v1 import combine_pb2 as cpb
@@ -209,12 +210,16 @@ class RequestCtx:
     seam: int  # the seam width entries must have (common.modes.seam_for)
     dtype: str
     scatter_addresses: list[str]
-    segcache_address: str | None
+    segcache_address: str | None  # one instance or a comma-separated list (the router's view)
     store: bool
     segcache_keys: list[str]  # keys planned as hits (for one tier Lookup on the NIXL path)
     secret: bytes = b""  # the mesh's entry secret (common/pic/seal.py)
     background: list[asyncio.Task] = field(default_factory=list)  # drains and stores
-    _lookup: asyncio.Task | None = None
+    _lookup: dict[str, asyncio.Task] = field(default_factory=dict)  # instance -> its Lookup
+
+    def segcache_for(self, key: str) -> str:
+        """The instance holding `key`: rendezvous over the plan's list, the router's placement."""
+        return owner(key, parse_addresses(self.segcache_address))
 
     @property
     def metadata(self) -> list[tuple[str, str]]:
@@ -224,16 +229,18 @@ class RequestCtx:
         t = asyncio.create_task(coro)
         self.background.append(t)
 
-    def lookup(self, client: SegcacheClient) -> asyncio.Task:
-        """One batched Lookup per request of the keys planned as hits: tier and size of each,
-        which choose between a NIXL read and the gRPC stream (the NIXL client reports no tier)."""
-        if self._lookup is None:
-            keys = self.segcache_keys[:4096]
-            self._lookup = asyncio.create_task(client.lookup(
+    def lookup(self, addr: str, client: SegcacheClient) -> asyncio.Task:
+        """One batched Lookup per request and instance of the keys planned as hits there: tier
+        and size of each, which choose between a NIXL read and the gRPC stream (the NIXL client
+        reports no tier)."""
+        if addr not in self._lookup:
+            keys = [k for k in self.segcache_keys if self.segcache_for(k) == addr][:4096]
+            t = asyncio.create_task(client.lookup(
                 keys, request_id=self.request_id, timeout=self.deadline.left(self.cfg.segcache_timeout_s)))
-            self._lookup.add_done_callback(lambda t: t.cancelled() or t.exception())
-            self.background.append(self._lookup)
-        return self._lookup
+            t.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self.background.append(t)
+            self._lookup[addr] = t
+        return self._lookup[addr]
 
 
 def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
@@ -303,10 +310,43 @@ def _describe(e: BaseException) -> str:
 
 
 # ---- segcache --------------------------------------------------------------------------------
-async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> Acquired | None:
-    """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere)."""
-    addr = ctx.segcache_address
-    assert addr
+WAIT_FIRST_POLL_S = 0.02
+WAIT_MAX_POLL_S = 0.25
+
+
+async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segpb.EntryInfo | None:
+    """Another request holds the build claim on `key`: poll its instance until the entry is
+    cached (its EntryInfo) or `wait_s` passes (None: build it here). Faults end the wait."""
+    end = time.monotonic() + wait_s
+    _, client = ctx.peers.segcache(ctx.segcache_for(key))
+    poll = WAIT_FIRST_POLL_S
+    while True:
+        try:
+            infos = await client.lookup([key], request_id=ctx.request_id,
+                                        timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
+        except (asyncio.CancelledError, DeadlineExceeded):
+            raise
+        except Exception as e:
+            log.info("wait for a segment built elsewhere failed", key=key, error=_describe(e))
+            return None
+        if infos and infos[0].tier != segpb.TIER_MISS:
+            return infos[0]
+        left = min(end - time.monotonic(), ctx.deadline.left())
+        if left <= 0:
+            m.FALLBACKS.labels("segcache", "wait_timeout").inc()
+            log.info("segment built elsewhere did not arrive in time; building", key=key,
+                     wait_s=round(wait_s, 3))
+            return None
+        await asyncio.sleep(min(poll, left))
+        poll = min(poll * 2, WAIT_MAX_POLL_S)
+
+
+async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
+                         info_now: segpb.EntryInfo | None = None) -> Acquired | None:
+    """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere).
+    info_now: a Lookup answer newer than the request's batched one (after a wait)."""
+    assert ctx.segcache_address
+    addr = ctx.segcache_for(key)
     t0 = time.perf_counter()
     channel, client = ctx.peers.segcache(addr)
     try:
@@ -315,7 +355,8 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int]) -> A
         data, tier, via_nixl = None, "", False
         if ctx.peers.nixl_ready(addr):
             try:
-                info = next((x for x in await asyncio.shield(ctx.lookup(client)) if x.key == key), None)
+                info = info_now or next(
+                    (x for x in await asyncio.shield(ctx.lookup(addr, client)) if x.key == key), None)
             except (asyncio.CancelledError, DeadlineExceeded):
                 raise
             except Exception:  # no sizes: read over gRPC
@@ -433,7 +474,7 @@ def _timed_build(engine, ids: list[int], seam: int) -> tuple[SegmentEntry, float
 async def _store(ctx: RequestCtx, key: str, entry: SegmentEntry, build_s: float) -> None:
     try:
         data = await asyncio.to_thread(lambda: seal(entry.to_bytes(), ctx.secret))
-        _, client = ctx.peers.segcache(ctx.segcache_address)  # type: ignore[arg-type]
+        _, client = ctx.peers.segcache(ctx.segcache_for(key))
         await client.put(key, data, recompute_cost_s=build_s, token_count=entry.n_tokens,
                          model_fingerprint=entry.model_fingerprint, request_id=ctx.request_id,
                          timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
@@ -456,9 +497,13 @@ async def build_local(ctx: RequestCtx, i: int, key: str, ids: list[int], t0: flo
 async def acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -> Acquired:
     t0 = time.perf_counter()
     if seg.source == cpb.SOURCE_SEGCACHE and ctx.segcache_address:
-        got = await fetch_segcache(ctx, i, key, ids)
-        if got is not None:
-            return got
+        info_now = None
+        if seg.wait_s > 0:  # being built by another request (a build claim): wait for it
+            info_now = await wait_for_entry(ctx, key, seg.wait_s)
+        if seg.wait_s <= 0 or info_now is not None:
+            got = await fetch_segcache(ctx, i, key, ids, info_now)
+            if got is not None:
+                return got
     addrs = ctx.scatter_addresses
     if seg.source != cpb.SOURCE_LOCAL and addrs:
         first = seg.worker if seg.worker < len(addrs) else i % len(addrs)

@@ -47,7 +47,8 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
     # --- the mesh ------------------------------------------------------------------------
     segcache_address: str = field(default="", metadata=_h(
-        "segcache host:port; empty = no cache (every segment is a miss, nothing stored)"))
+        "segcache host:port, or a comma-separated list (each key on one instance, by rendezvous "
+        "hashing over the healthy ones); empty = no cache (every segment is a miss, nothing stored)"))
     scatter_addresses: str = field(default="", metadata=_h(
         "scatter workers: host:port list, comma-separated, or dns:///name:port (every record a "
         "worker); empty (or no members) = misses are built on combine"))
@@ -65,6 +66,12 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     # --- timeouts (seconds; every downstream call also honours the client's deadline) ----
     lookup_timeout_s: float = field(default=1.0, metadata=_h(
         "segcache Lookup budget; slower or failing lookups count every segment as a miss"))
+    claim_lease_s: float = field(default=10.0, metadata=_h(
+        "build claims: a missed segment is claimed in segcache for this long, so that routers "
+        "missing it at once build it once (the others wait for the entry); 0 = off"))
+    claim_wait_s: float = field(default=30.0, metadata=_h(
+        "longest wait for a segment another request is building (also at most half of what "
+        "is left of the deadline); then it is built here"))
     request_timeout_s: float = field(default=300.0, metadata=_h(
         "deadline given to combine when the client set none"))
     combine_cooldown_s: float = field(default=2.0, metadata=_h(
@@ -102,6 +109,10 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
                      "tokenizer_threads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
+        for name in ("claim_lease_s", "claim_wait_s"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number >= 0")
         for name in ("lookup_timeout_s", "request_timeout_s", "load_timeout_s"):
             v = getattr(self, name)
             if not (v > 0 and math.isfinite(v)):

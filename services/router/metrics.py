@@ -26,3 +26,6 @@ WORKER_UP = Gauge("hypic_router_worker_up", "Scatter worker answered its last Lo
                   ["worker"])
 COST_COEF = Gauge("hypic_router_cost_model", "Build cost model t = a + b·L + c·L²", ["coef"])
 COST_OBS = Counter("hypic_router_cost_observations", "Builds fed to the cost model")
+CLAIMS = Counter("hypic_router_claims", "Build claims on missed segments: granted (built here), "
+                 "cached (stored since the lookup), wait (being built elsewhere; combine waits)",
+                 ["outcome"])

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import time
+import uuid
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -27,7 +29,7 @@ from common.rpc.checks import check_temperature
 from common.rpc.discovery import MemberSet
 from common.rpc.guard import internal_details
 from common.rpc.log import REQUEST_ID_KEY, sanitize_request_id
-from common.rpc.segcache_client import SegcacheClient
+from common.rpc.segcache_ring import SegcacheRing
 from common.rpc.tls import open_channel
 from common.rpc.server import channel_options
 from protos.hypic.v1 import combine_pb2 as cpb
@@ -35,6 +37,7 @@ from protos.hypic.v1 import router_pb2 as pb
 from protos.hypic.v1 import router_pb2_grpc as pb_grpc
 from protos.hypic.v1 import segcache_pb2 as scpb
 from services.router import metrics as m
+from services.router.claims import Claimed, claim_misses
 from services.router.config import RouterConfig
 from services.router.model import ModelInfo
 from services.router.planner import CostModel, Job, Planner, Ticket
@@ -109,11 +112,12 @@ class RouterServicer(pb_grpc.RouterServicer):
                       listener=self.scatters.apply, what="scatter"),
             MemberSet(cfg.combine_target, refresh_s=cfg.discovery_refresh_s,
                       listener=self.combines.apply, what="combine")]
-        self.segcache: SegcacheClient | None = None
-        if cfg.segcache_address:
-            ch = open_channel(cfg.segcache_address, options, cfg)
-            self.segcache = SegcacheClient(cfg.segcache_address, timeout_s=cfg.lookup_timeout_s,
-                                           max_message_bytes=cfg.max_message_bytes, channel=ch)
+        self.segcache: SegcacheRing | None = None
+        if cfg.segcache_address:  # one address or many (keys placed by rendezvous hashing)
+            self.segcache = SegcacheRing(
+                cfg.segcache_address, open_channel=lambda a: open_channel(a, options, cfg),
+                timeout_s=cfg.lookup_timeout_s, max_message_bytes=cfg.max_message_bytes)
+        self.holder = f"router-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # build claims' holder
         self.in_flight = 0
         self._tasks: list[asyncio.Task] = []
         self._publish_cost()
@@ -265,6 +269,22 @@ class RouterServicer(pb_grpc.RouterServicer):
         req.query = ids[-1]  # type: ignore[assignment]
         req.prompt_tokens = total
 
+    async def _claim_misses(self, keys: list[str], req: _Request) -> Claimed:
+        """Claim the misses (services.router.claims)."""
+        cfg = self.cfg
+        if self.segcache is None or not keys or cfg.claim_lease_s <= 0:
+            return Claimed()
+        t = time.perf_counter()
+        holder = f"{self.holder}/{uuid.uuid4().hex[:12]}"  # per request: two requests, one build
+        budget = min(cfg.lookup_timeout_s, 0.5 * req.remaining())
+        claimed = await claim_misses(self.segcache, keys, holder, cfg.claim_lease_s,
+                                     min(cfg.claim_wait_s, 0.5 * req.remaining()), req.rid, budget)
+        m.STAGE.labels("claim").observe(time.perf_counter() - t)
+        return claimed
+
+    def _segcache_instances(self) -> str:
+        return ",".join(self.segcache.healthy()) if self.segcache is not None else ""
+
     def _md(self, req: _Request) -> list[tuple[str, str]]:
         return [(REQUEST_ID_KEY, req.rid)]
 
@@ -279,15 +299,21 @@ class RouterServicer(pb_grpc.RouterServicer):
         try:
             if budget <= 0:
                 raise asyncio.TimeoutError
-            step = 4096  # segcache's default max_lookup_keys
-            batches = [keys[i:i + step] for i in range(0, len(keys), step)]
-            results = await asyncio.wait_for(asyncio.gather(*(
-                self.segcache.lookup(b, request_id=req.rid, timeout=budget) for b in batches)),
-                budget)
-            for entries in results:
-                for e in entries:
-                    if e.tier != scpb.TIER_MISS:
-                        found[e.key] = e
+            # Batched per instance and concurrent; a down or slow instance's keys come back
+            # as misses (SegcacheRing.lookup).
+            entries, asked, failed = await asyncio.wait_for(
+                self.segcache.lookup_reporting(keys, request_id=req.rid, timeout=budget), budget)
+            for e in entries:
+                if e.tier != scpb.TIER_MISS:
+                    found[e.key] = e
+            if failed:
+                m.LOOKUP_FAILURES.inc()
+                if len(failed) == len(asked):
+                    log.warning("segcache lookup failed; serving every segment as a miss",
+                                failed=failed, budget_s=round(budget, 3))
+                else:
+                    log.warning("segcache lookup failed on some instances; their segments are misses",
+                                failed=failed, budget_s=round(budget, 3))
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
             m.LOOKUP_FAILURES.inc()
             detail = e.code().name if isinstance(e, grpc.aio.AioRpcError) else type(e).__name__
@@ -309,7 +335,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
             seed=request.seed, return_logits=request.return_logits,
             stop_at_eos=stop_at_eos(request), top_p=request.top_p,
-            segcache_address=cfg.segcache_address if cached_modes else "",
+            # The instances this router placed keys over: combine places them the same way.
+            segcache_address=self._segcache_instances() if cached_modes else "",
             store_entries=bool(cfg.segcache_address) and cached_modes)
         if not cached_modes:
             # full / prefix: combine prefills the tokens itself; no keys, no lookup.
@@ -317,14 +344,18 @@ class RouterServicer(pb_grpc.RouterServicer):
                 plan.segments.add(token_ids=ids, source=cpb.SOURCE_LOCAL)
             return plan
         keys = [segment_key(self.model.fingerprint, seam, cfg.dtype, ids) for ids in req.segments]
-        found = await self._lookup(list(dict.fromkeys(keys)), req)
+        unique = list(dict.fromkeys(keys))
+        found = await self._lookup(unique, req)
+        claimed = await self._claim_misses([k for k in unique if k not in found], req)
+        # Stored since the lookup, or being built by another request: read from segcache.
+        elsewhere = {k: 0.0 for k in claimed.cached} | claimed.waiting
         t = time.perf_counter()
         jobs = []
         for i, (key, ids) in enumerate(zip(keys, req.segments)):
             e = found.get(key)
             if e is not None:
                 req.planned_tiers[i] = tier_name(e.tier)
-            else:
+            elif key not in elsewhere:
                 jobs.append(Job(i, key, len(ids)))
         req.planned_misses = len(jobs)
         req.seam = seam
@@ -342,6 +373,10 @@ class RouterServicer(pb_grpc.RouterServicer):
             if i in req.planned_tiers:
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SEGCACHE,
                                   est_cost_s=found[key].recompute_cost_s)
+            elif key in elsewhere:
+                plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SEGCACHE,
+                                  wait_s=elsewhere[key],
+                                  est_cost_s=self.planner.cost.predict(len(ids)))
             elif i in assigned:
                 a = assigned[i]
                 plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SCATTER,
@@ -351,7 +386,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                                   est_cost_s=self.planner.cost.predict(len(ids)))
         m.STAGE.labels("plan").observe(time.perf_counter() - t)
         log.info("planned", segments=len(keys), hits=len(req.planned_tiers),
-                 misses=len(jobs), prompt_tokens=req.prompt_tokens, mode=req.mode_name,
+                 misses=len(jobs), built_elsewhere=len(elsewhere), prompt_tokens=req.prompt_tokens, mode=req.mode_name,
                  workers=[a.worker for a in (req.ticket.assignments if req.ticket else [])])
         return plan
 

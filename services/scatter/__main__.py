@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from common.engine import HybridEngine
 from common.rpc import service
 from common.rpc.auth import read_secret
-from common.rpc.segcache_client import SegcacheClient
+from common.rpc.segcache_ring import RECONNECT_OPTIONS, SegcacheRing
 from common.rpc.server import channel_options
 from common.rpc.tls import open_channel
 from common.rpc.server import format_address
@@ -44,11 +44,12 @@ class ScatterService(service.Service):
         # Bound to every interface (a container, a pod): its host name tells replicas apart.
         host = socket.gethostname() if cfg.host in ("0.0.0.0", "::", "") else cfg.host
         self.worker = cfg.worker or f"scatter@{format_address(host, port)}"
-        self.segcache = (SegcacheClient(cfg.segcache_address, max_message_bytes=cfg.max_message_bytes,
-                                        timeout_s=cfg.segcache_timeout_s,
-                                        channel=open_channel(cfg.segcache_address,
-                                                             channel_options(cfg.max_message_bytes), cfg),
-                                        write_token=read_secret(cfg.write_token))
+        # One address or many: each entry goes to its key's instance (rendezvous hashing).
+        options = channel_options(cfg.max_message_bytes) + RECONNECT_OPTIONS
+        self.segcache = (SegcacheRing(cfg.segcache_address, max_message_bytes=cfg.max_message_bytes,
+                                      timeout_s=cfg.segcache_timeout_s,
+                                      open_channel=lambda a: open_channel(a, options, cfg),
+                                      write_token=read_secret(cfg.write_token))
                          if cfg.segcache_address else None)
         scatter_pb2_grpc.add_ScatterServicer_to_server(
             ScatterServicer(cfg, self.engine, self.executor, self.segcache, self.worker), server)

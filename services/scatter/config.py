@@ -46,7 +46,8 @@ class ScatterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
     grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
     # --- segcache --------------------------------------------------------------------------
     segcache_address: Optional[str] = field(default=None, metadata=_h(
-        "segcache host:port where built entries are stored (store=true); empty = never store"))
+        "segcache host:port (or a comma-separated list: each key on its rendezvous instance) "
+        "where built entries are stored (store=true); empty = never store"))
     segcache_timeout_s: float = field(default=30.0, metadata=_h("timeout of one segcache Put"))
     entry_key_file: Optional[Path] = field(default=None, metadata=_h(
         "file holding the mesh's entry secret (the same for segcache, scatter and combine): entries "

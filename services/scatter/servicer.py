@@ -27,7 +27,8 @@ from common.rpc.abort import Abort
 from common.rpc.checks import check_model, expected_key, stream_chunk
 from common.rpc.guard import internal_details
 from common.rpc.log import sanitize_request_id
-from common.rpc.segcache_client import SegcacheClient, checksum
+from common.rpc.segcache_client import checksum
+from common.rpc.segcache_ring import SegcacheRing
 from protos.hypic.v1 import scatter_pb2 as pb
 from protos.hypic.v1 import scatter_pb2_grpc as pb_grpc
 from services.scatter import metrics as m
@@ -62,7 +63,7 @@ class Flight:
 
 class ScatterServicer(pb_grpc.ScatterServicer):
     def __init__(self, cfg: ScatterConfig, engine: HybridEngine, executor: Executor,
-                 segcache: SegcacheClient | None, worker: str):
+                 segcache: SegcacheRing | None, worker: str):
         self.cfg = cfg
         self.engine = engine
         self.executor = executor

@@ -20,6 +20,7 @@ from services.segcache.access import writer_role_interceptor
 from services.segcache.config import ENV_PREFIX, SegcacheConfig
 from services.segcache.metrics import StoreCollector
 from services.segcache.nixl_agent import LeaseManager
+from services.segcache.remote_tier import MooncakeTier, RemoteCollector
 from services.segcache.servicer import SERVICE_NAME, SegcacheServicer
 from services.segcache.store import SegmentStore
 
@@ -54,6 +55,11 @@ class SegcacheService(service.Service):
         self.leases = LeaseManager(self.store, enabled=cfg.nixl, backend=cfg.nixl_backend,
                                    ttl_s=cfg.lease_ttl_s)
         REGISTRY.register(StoreCollector(self.store, lambda: self.leases.active))
+        self.remote = (MooncakeTier(cfg.remote_url, queue_entries=cfg.remote_queue_entries,
+                                    segment_bytes=cfg.remote_segment_bytes, local_host=cfg.host)
+                       if cfg.remote_url else None)
+        if self.remote is not None:
+            REGISTRY.register(RemoteCollector(self.remote))
 
     def interceptors(self) -> list:
         guard = writer_role_interceptor(self.cfg)
@@ -63,8 +69,9 @@ class SegcacheService(service.Service):
         return [guard]
 
     def register(self, server, port: int) -> None:
-        segcache_pb2_grpc.add_SegcacheServicer_to_server(
-            SegcacheServicer(self.cfg, self.store, self.leases, self.executor), server)
+        servicer = SegcacheServicer(self.cfg, self.store, self.leases, self.executor)
+        servicer.remote = self.remote
+        segcache_pb2_grpc.add_SegcacheServicer_to_server(servicer, server)
 
     async def started(self) -> None:
         self.reaper = asyncio.create_task(self._reap())
@@ -87,6 +94,8 @@ class SegcacheService(service.Service):
         self.reaper.cancel()
 
     async def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
         self.leases.close()
         self.executor.shutdown(wait=True)
         self.store.close()

@@ -7,7 +7,9 @@ from typing import Any
 from common.rpc.auth import WriterRoleInterceptor, read_secret
 
 SERVICE = "hypic.v1.Segcache"
-READ_METHODS = frozenset({"Lookup", "Get", "Stats", "NixlInfo", "OpenNixlLease", "ReleaseNixlLease"})
+# Claim is the router's (a reader): it writes no entry, only a lease that expires by itself.
+READ_METHODS = frozenset({"Lookup", "Get", "Stats", "NixlInfo", "OpenNixlLease", "ReleaseNixlLease",
+                          "Claim"})
 
 
 def writer_role_interceptor(cfg: Any) -> WriterRoleInterceptor:

@@ -13,6 +13,7 @@ from typing import Optional
 
 from common.rpc.config import ServiceConfig
 from common.rpc.auth import write_token_field
+from services.segcache.remote_tier import parse_remote_url
 
 ENV_PREFIX = "HYPIC_SEGCACHE_"
 GiB = 1 << 30
@@ -74,6 +75,14 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
         "Put/Delete/Pin need this in x-hypic-write-token unless the client certificate is a writer's")
     writer_names: str = field(default="scatter,combine", metadata=_h(
         "client certificate common names with the writer role (comma list; mutual TLS)"))
+    # --- the shared remote tier (docs/segcache.md) ---------------------------------------
+    remote_url: str = field(default="", metadata=_h(
+        "shared remote tier below LMDB: mooncake://MASTER_HOST:RPC_PORT (Mooncake Store); "
+        "empty = off"))
+    remote_queue_entries: int = field(default=256, metadata=_h(
+        "write-behind queue to the remote tier; a full queue drops the write (counted)"))
+    remote_segment_bytes: int = field(default=256 * MiB, metadata=_h(
+        "memory this segcache contributes to the Mooncake Store"))
 
     def __post_init__(self) -> None:
         self.check_server()
@@ -100,6 +109,11 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
             raise ValueError("upload_idle_timeout_s must be > 0")
         if not (self.lease_ttl_s > 0 and math.isfinite(self.lease_ttl_s)):
             raise ValueError("lease_ttl_s must be > 0")
+        self.remote_url = (self.remote_url or "").strip()
+        if self.remote_url:
+            parse_remote_url(self.remote_url)  # ValueError: a clear startup error (exit 2)
+        if self.remote_queue_entries < 1 or self.remote_segment_bytes < MiB:
+            raise ValueError("remote_queue_entries must be >= 1 and remote_segment_bytes >= 1 MiB")
 
     @property
     def entry_limit(self) -> int:

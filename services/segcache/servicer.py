@@ -23,6 +23,8 @@ from services.segcache import metrics as m
 from services.segcache.config import SegcacheConfig
 from services.segcache.nixl_agent import LeaseManager
 from services.segcache.uploads import UploadBudget, paced
+from services.segcache.claims import MAX_HOLDER_BYTES, MAX_LEASE_S, ClaimTable
+from services.segcache.remote_tier import MooncakeTier
 from services.segcache.store import EntryInfo, SegcacheError, SegmentStore
 
 log = structlog.get_logger("segcache.servicer")
@@ -42,6 +44,7 @@ def _status(exc: SegcacheError) -> grpc.StatusCode:
 
 
 class SegcacheServicer(pb_grpc.SegcacheServicer):
+    remote: MooncakeTier | None = None  # the shared tier below LMDB (--remote-url), set by main
     def __init__(self, cfg: SegcacheConfig, store: SegmentStore, leases: LeaseManager,
                  executor: Executor):
         self.cfg = cfg
@@ -51,6 +54,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         self.uploads = UploadBudget(cfg.upload_budget)
         # With the mesh's entry secret, only entries that open under it are stored (seal.py).
         self.secret = load_secret(cfg.entry_key_file) if cfg.entry_key_file else None
+        self.claims = ClaimTable()
 
     # ---- helpers ----------------------------------------------------------------------------
     async def _io(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -86,6 +90,20 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             m.REFUSED.labels("forged").inc()
             log.warning("refused a Put that is not a sealed entry for its key", key=key, reason=str(e))
             raise Abort.invalid(f"not a sealed entry for key {key[:16]}: {e}") from None
+    async def _remote_exists(self, keys: list[str]) -> set[str]:
+        if self.remote is None or not keys or not self.remote.available:
+            return set()
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.remote.exists, keys)
+
+    def _promote(self, key: str) -> Any:
+        """A local miss read from the shared tier (verified there), stored into the local tiers."""
+        entry = self.remote.get(key)
+        if entry is None:
+            return None
+        self.store.put(key, entry.data, recompute_cost_s=entry.recompute_cost_s,
+                       token_count=entry.token_count, model_fingerprint=entry.model_fingerprint,
+                       expected_checksum=entry.checksum)
+        return self.store.get(key)
 
     @staticmethod
     async def _fail(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -99,11 +117,15 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         try:
             keys = self._keys(request.keys)
             infos = self.store.lookup(keys)
+            remote = await self._remote_exists([k for k, i in zip(keys, infos) if i is None])
         except Exception as e:
             await self._fail(context, e)
+        # In the shared tier only: a disk-class hit of unknown size (Get reads and promotes it).
+        infos = [pb.EntryInfo(key=k, tier=pb.TIER_DISK) if i is None and k in remote else i
+                 for k, i in zip(keys, infos)]
         return pb.LookupResponse(entries=[
-            entry_pb(i) if i is not None else pb.EntryInfo(key=k, tier=pb.TIER_MISS)
-            for k, i in zip(keys, infos)])
+            i if isinstance(i, pb.EntryInfo) else entry_pb(i) if i is not None
+            else pb.EntryInfo(key=k, tier=pb.TIER_MISS) for k, i in zip(keys, infos)])
 
     def _check_header(self, header: pb.PutHeader) -> None:
         self._key(header.key)
@@ -157,6 +179,11 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
                                      expected_checksum=header.checksum)
         except Exception as e:
             await self._fail(context, e)
+        self.claims.release(header.key)
+        if self.remote is not None and res.created:  # write-behind; a full queue drops it
+            self.remote.enqueue(header.key, buf, recompute_cost_s=header.recompute_cost_s,
+                                token_count=header.token_count,
+                                model_fingerprint=header.model_fingerprint, digest=res.info.checksum)
         log.debug("put", key=header.key, size=header.size, created=res.created)
         return pb.PutResponse(entry=entry_pb(res.info), created=res.created)
 
@@ -164,6 +191,8 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         try:
             key = self._key(request.key)
             got = await self._io(self.store.get, key)
+            if got is None and self.remote is not None:
+                got = await self._io(self._promote, key)
             if got is None:
                 raise Abort(grpc.StatusCode.NOT_FOUND, f"not cached: {key}")
         except Exception as e:
@@ -235,3 +264,21 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
     async def ReleaseNixlLease(self, request: pb.ReleaseNixlLeaseRequest, context) -> pb.ReleaseNixlLeaseResponse:
         released = await self._io(self.leases.release, request.lease_id)
         return pb.ReleaseNixlLeaseResponse(released=released)
+
+    async def Claim(self, request: pb.ClaimRequest, context) -> pb.ClaimResponse:
+        try:
+            keys = self._keys(request.keys)
+            holder = request.holder
+            if not holder or len(holder.encode()) > MAX_HOLDER_BYTES:
+                raise Abort.invalid(f"holder must be 1..{MAX_HOLDER_BYTES} bytes")
+            if not (math.isfinite(request.lease_s) and 0 < request.lease_s <= MAX_LEASE_S):
+                raise Abort.invalid(f"lease_s must be in (0, {MAX_LEASE_S:g}]")
+            infos = self.store.lookup(keys)
+        except Exception as e:
+            await self._fail(context, e)
+        self.claims.expire()
+        results = [self.claims.claim(k, holder, request.lease_s, cached=i is not None)
+                   for k, i in zip(keys, infos)]
+        return pb.ClaimResponse(results=[
+            pb.ClaimResult(key=r.key, granted=r.granted, cached=r.cached, holder=r.holder,
+                           expires_in_s=r.expires_in_s) for r in results])

@@ -18,18 +18,20 @@ SOURCE_SCATTER: SegmentSource
 SOURCE_LOCAL: SegmentSource
 
 class PlannedSegment(_message.Message):
-    __slots__ = ("key", "token_ids", "source", "worker", "est_cost_s")
+    __slots__ = ("key", "token_ids", "source", "worker", "est_cost_s", "wait_s")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     EST_COST_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     key: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     source: SegmentSource
     worker: int
     est_cost_s: float
-    def __init__(self, key: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., source: _Optional[_Union[SegmentSource, str]] = ..., worker: _Optional[int] = ..., est_cost_s: _Optional[float] = ...) -> None: ...
+    wait_s: float
+    def __init__(self, key: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., source: _Optional[_Union[SegmentSource, str]] = ..., worker: _Optional[int] = ..., est_cost_s: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class Plan(_message.Message):
     __slots__ = ("request_id", "segments", "query", "seam", "model_fingerprint", "dtype", "mode", "max_tokens", "temperature", "top_k", "seed", "return_logits", "stop_at_eos", "scatter_addresses", "segcache_address", "store_entries", "top_p")

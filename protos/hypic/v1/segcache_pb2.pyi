@@ -241,3 +241,33 @@ class ReleaseNixlLeaseResponse(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class ClaimRequest(_message.Message):
+    __slots__ = ("keys", "holder", "lease_s")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_S_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    holder: str
+    lease_s: float
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., holder: _Optional[str] = ..., lease_s: _Optional[float] = ...) -> None: ...
+
+class ClaimResult(_message.Message):
+    __slots__ = ("key", "granted", "cached", "holder", "expires_in_s")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    granted: bool
+    cached: bool
+    holder: str
+    expires_in_s: float
+    def __init__(self, key: _Optional[str] = ..., granted: _Optional[bool] = ..., cached: _Optional[bool] = ..., holder: _Optional[str] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
+
+class ClaimResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[ClaimResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[ClaimResult, _Mapping]]] = ...) -> None: ...

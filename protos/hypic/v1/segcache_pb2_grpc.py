@@ -80,6 +80,11 @@ class SegcacheStub:
                 request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.SerializeToString,
                 response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.FromString,
                 _registered_method=True)
+        self.Claim = channel.unary_unary(
+                '/hypic.v1.Segcache/Claim',
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ClaimRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ClaimResponse.FromString,
+                _registered_method=True)
 
 
 class SegcacheServicer:
@@ -144,6 +149,13 @@ class SegcacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Claim(self, request, context):
+        """Build claims (see ClaimRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SegcacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -191,6 +203,11 @@ def add_SegcacheServicer_to_server(servicer, server):
                     servicer.ReleaseNixlLease,
                     request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.FromString,
                     response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.SerializeToString,
+            ),
+            'Claim': grpc.unary_unary_rpc_method_handler(
+                    servicer.Claim,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ClaimRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ClaimResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -437,6 +454,33 @@ class Segcache:
             '/hypic.v1.Segcache/ReleaseNixlLease',
             protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.SerializeToString,
             protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Claim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypic.v1.Segcache/Claim',
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.ClaimRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.ClaimResponse.FromString,
             options,
             channel_credentials,
             insecure,
