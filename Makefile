@@ -20,7 +20,7 @@ venv: $(STAMP)
 $(STAMP): $(REQS)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	ldconfig -p | grep -q libibverbs.so.1 || apt-get install -y -q libibverbs1 || \
+	ldconfig -p | grep -q libibverbs.so.1 || { apt-get update -qq && apt-get install -y -qq libibverbs1; } || \
 		echo "libibverbs1 missing: Mooncake (segcache --remote-url) will not load"
 	$(VPY) -m pip install -q -r requirements/base.txt -c requirements/constraints-cpu.txt
 	$(VPY) -m pip install -q --no-deps --no-build-isolation -e .
