@@ -74,6 +74,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("segcache-writes-open-to-any-certificate", "common/rpc/auth.py",
            "if self.writer_names.intersection(names):", "if names:",
            ("tests/test_security.py", "-k", "writer_role")),
+    Mutant("ring-places-by-address-order", "common/rpc/segcache_ring.py",
+           "return max(addresses, key=lambda a: weight(a, key))", "return sorted(addresses)[0]",
+           ("tests/test_segcache_ring.py", "-k", "owner or moves")),
+    Mutant("claim-never-held-against-others", "services/segcache/claims.py",
+           "if c is not None and c.expires_at > now and c.holder != holder:", "if False:",
+           ("tests/test_build_claims.py", "-k", "claim_table")),
     # -- scheduling ------------------------------------------------------------------------------------
     Mutant("lpt-shortest-first", "services/router/planner.py",
            "key=lambda j: (-costs[j], j)", "key=lambda j: (costs[j], j)",
