@@ -133,7 +133,8 @@ def test_combine_passes_the_callers_remaining_time_downstream(mesh, hanging_peer
     assert seen, hanging_peer.methods()
     for m, ts in seen.items():
         for t in ts:
-            assert t is not None and t <= caller_s, (m, t)
+            # 50 ms of slack: the grpc-timeout header is rounded up to its unit (the mutant hands on 10 s+)
+            assert t is not None and t <= caller_s + 0.05, (m, t)
     # combine is free again at once: a request that needs nothing from the hung peer succeeds
     ok = plan(mesh, [segs[0]], [5], cpb.SOURCE_LOCAL, scatter=hanging_peer.address, segcache="")
     assert execute(mesh.addresses["combine0"], ok, 60)[0] == grpc.StatusCode.OK

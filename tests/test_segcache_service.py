@@ -218,7 +218,9 @@ def test_nixl_reads_from_disk_after_restart(launch) -> None:
 
 # ---- budgets and policy over gRPC ------------------------------------------------------------
 def test_budgets_hold_over_1000_random_puts_and_gdsf_order(launch) -> None:
-    srv = launch("--no-nixl", "--no-lmdb-sync", "--host-bytes", "256KiB", "--disk-bytes", "1MiB")
+    # uploads in flight may hold 1 MiB (16 at once of up to 24 KiB): this test is about the tiers
+    srv = launch("--no-nixl", "--no-lmdb-sync", "--host-bytes", "256KiB", "--disk-bytes", "1MiB",
+                 "--upload-budget-bytes", "1MiB")
     rng = random.Random(7)
 
     async def run():
