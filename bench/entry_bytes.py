@@ -134,9 +134,8 @@ def layer_sizes(model, dtype_bytes: int) -> dict:
             out["n_linear"] += 1
         elif layer.kind == "attention":
             ctx = ForwardContext(positions=torch.zeros(1, dtype=torch.long, device="meta"))
-            # Zamba2's shared blocks read [hidden; embeddings]: feed the width their projection takes
-            shared = getattr(getattr(mixer, "attn", None), "q_proj", None)
-            xa = x if shared is None else torch.empty(1, 1, shared.in_features, device="meta")
+            width = getattr(mixer, "input_size", None)  # Zamba2's shared blocks read [hidden; embeddings]
+            xa = x if width is None else torch.empty(1, 1, width, device="meta")
             _, st = mixer(xa, None, ctx)
             stored = dtype_bytes * (st.keys[0, :, 0].numel() + st.values[0, :, 0].numel())
             latent = getattr(mixer, "kv_lora_rank", None)

@@ -24,17 +24,3 @@ def fresh_seed(request) -> int:
     print(f"[seed] {request.node.nodeid}: HYPIC_TEST_SEED={seed}")
     return seed
 
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config) -> None:
-    """Leave without interpreter teardown when a test loaded NIXL in this process (the summary is
-    printed by then): UCX's native teardown races with its threads at exit and can end the run
-    with SIGSEGV after every test passed (see common.rpc.service.exit_process)."""
-    if "nixl._api" in sys.modules:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(int(getattr(config, "_hypic_exitstatus", 0)))
-
-
-def pytest_sessionfinish(session, exitstatus) -> None:
-    session.config._hypic_exitstatus = int(exitstatus)

@@ -127,6 +127,7 @@ class AttentionAtSlot:
 
     def __init__(self, attn: SharedAttention, slot: int):
         self.attn, self.slot = attn, slot
+        self.input_size = attn.input_size  # [hidden; embeddings], as the shared block reads it
 
     def __call__(self, x, state, ctx):
         return self.attn(x, state, ctx, self.slot)

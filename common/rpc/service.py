@@ -135,21 +135,3 @@ def load_engine(cfg: Any) -> Any:
     return HybridEngine.from_pretrained(cfg.model, dtype=DTYPES[cfg.dtype], device=cfg.device,
                                         load_tokenizer=False)
 
-
-def exit_process(status: int) -> None:
-    """End the process with `status`, skipping interpreter teardown once NIXL was loaded.
-
-    Once a NIXL agent with the UCX backend has existed in a process, UCX's native teardown at
-    interpreter exit races with its own threads and, on a loaded machine, kills the process with
-    SIGSEGV -- even after every agent was closed (reproduced with a three-line script that creates
-    one agent and exits; not with backends=[]). Callers close and flush everything they own first
-    (servers stopped, LMDB closed, agents closed, logs flushed), so nothing is lost by not running
-    the native static destructors. Without NIXL in the process this is a plain exit."""
-    if "nixl._api" not in sys.modules:
-        sys.exit(status)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(status)

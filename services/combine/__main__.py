@@ -9,6 +9,7 @@ variable (HYPIC_COMBINE_*).
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from common.engine import HybridEngine
 from common.rpc import service
@@ -61,4 +62,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    service.exit_process(main())
+    sys.exit(main())

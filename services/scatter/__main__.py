@@ -9,6 +9,7 @@ flag and its env variable (HYPIC_SCATTER_*).
 from __future__ import annotations
 
 import asyncio
+import sys
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -72,4 +73,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    service.exit_process(main())
+    sys.exit(main())

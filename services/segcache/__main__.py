@@ -8,6 +8,7 @@ tests and launchers learn an ephemeral port. `--help` lists every flag and its e
 from __future__ import annotations
 
 import asyncio
+import sys
 import ctypes
 from concurrent.futures import ThreadPoolExecutor
 
@@ -106,4 +107,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    service.exit_process(main())
+    sys.exit(main())
