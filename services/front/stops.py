@@ -21,14 +21,20 @@ class StopMatcher:
         if not self.stops:
             self.held = ""
             return text
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        cut = self._first_stop(text)
+        keep = self._partial_suffix(text)
+        start = len(text) - keep
+        # A stop found at `cut` only ends the stream once no longer stop string could still
+        # begin before it: "a a" may yet complete at 0 while " " already matched at 1.
+        if 0 <= cut <= start:
             self.matched = True
             self.held = ""
             return text[:cut]
-        keep = self._partial_suffix(text)
-        self.held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+        self.held = text[start:]
+        return text[:start]
+
+    def _first_stop(self, text: str) -> int:
+        return min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
 
     def _partial_suffix(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of a stop string."""
@@ -42,8 +48,14 @@ class StopMatcher:
 
     def flush(self) -> str:
         """What is still held back once the stream ended without a match."""
-        out, self.held = ("" if self.matched else self.held), ""
-        return out
+        held, self.held = self.held, ""
+        if self.matched:
+            return ""
+        cut = self._first_stop(held) if self.stops else -1
+        if cut >= 0:
+            self.matched = True
+            return held[:cut]
+        return held
 
 
 def stop_reference(text: str, stops: Sequence[str]) -> tuple[str, bool]:
