@@ -87,8 +87,8 @@ def test_no_master_means_an_absent_tier_fast(fresh_seed):
         assert tier.exists(["k"]) == set() and tier.get("k") is None
         assert time.monotonic() - t < 0.1
         metrics = {m.name: m for m in RemoteCollector(tier).collect()}
-        assert metrics["segcache_remote_up"].samples[0].value == 0
-        dropped = [x for x in metrics["segcache_remote_ops"].samples if x.labels["outcome"] == "dropped"]
+        assert metrics["hypic_segcache_remote_up"].samples[0].value == 0
+        dropped = [x for x in metrics["hypic_segcache_remote_ops"].samples if x.labels["outcome"] == "dropped"]
         assert dropped[0].value == 1
     finally:
         tier.close()

@@ -277,13 +277,13 @@ def assert_matches(ans: Answer, ref_logits, ref_tokens, n_segments: int) -> None
 
 
 def compositions(service: Service) -> tuple[float, float, float]:
-    """combine_compositions_total for order "layer", "mixed" and "segment" (0 before the first)."""
+    """hypic_combine_compositions_total for order "layer", "mixed" and "segment" (0 before the first)."""
     body = urllib.request.urlopen(f"http://127.0.0.1:{service.info['metrics_port']}/metrics",
                                   timeout=10).read().decode()
     found = {"layer": 0.0, "mixed": 0.0, "segment": 0.0}
     for line in body.splitlines():
         for order in found:
-            if line.startswith(f'combine_compositions_total{{order="{order}"}} '):
+            if line.startswith(f'hypic_combine_compositions_total{{order="{order}"}} '):
                 found[order] = float(line.split()[-1])
     return found["layer"], found["mixed"], found["segment"]
 
@@ -415,9 +415,9 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     # metrics: stage histograms and segments by source
     body = urllib.request.urlopen(f"http://127.0.0.1:{mesh.combine.info['metrics_port']}/metrics",
                                   timeout=10).read().decode()
-    assert 'combine_stage_seconds_bucket{le="0.001",stage="compose"}' in body
-    assert 'combine_segments_total{source="scatter",via="grpc"} 3.0' in body
-    assert 'combine_segments_total{source="segcache"' in body
+    assert 'hypic_combine_stage_seconds_bucket{le="0.001",stage="compose"}' in body
+    assert 'hypic_combine_segments_total{source="scatter",via="grpc"} 3.0' in body
+    assert 'hypic_combine_segments_total{source="segcache"' in body
 
 
 def test_combine_baseline_modes(mesh, engine):
@@ -729,7 +729,7 @@ def test_forged_entries_are_never_an_answer_and_never_block_their_key(mesh, engi
         assert SegmentEntry.from_bytes(bytes(open_sealed(data, k, SECRET))).token_ids == v
     port = mesh.combine.info["metrics_port"]
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    dropped = [line for line in text.splitlines() if line.startswith('combine_entries_dropped_total{reason="forged"}')]
+    dropped = [line for line in text.splitlines() if line.startswith('hypic_combine_entries_dropped_total{reason="forged"}')]
     assert dropped and float(dropped[0].split()[-1]) >= 3, dropped
 
 

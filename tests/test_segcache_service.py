@@ -176,8 +176,8 @@ def test_put_lookup_get_byte_exact_grpc_and_nixl(launch) -> None:
     assert st.tiers[1].hits >= 4 * len(data)
     # Prometheus endpoint: per-tier metrics and RPC latency histograms.
     body = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=10).read().decode()
-    assert 'segcache_hits_total{tier="host"}' in body
-    assert 'segcache_bytes{tier="disk"}' in body
+    assert 'hypic_segcache_hits_total{tier="host"}' in body
+    assert 'hypic_segcache_bytes{tier="disk"}' in body
     assert 'hypic_rpc_latency_seconds_bucket{code="OK",le="0.001",method="Put",service="segcache"}' in body
     assert 'method="Get"' in body and 'code="NOT_FOUND"' in body
     # The request id from metadata is bound into the server's log lines.

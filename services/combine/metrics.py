@@ -14,22 +14,22 @@ from common.rpc.metrics import LATENCY_BUCKETS
 # composition of one segment), seams (seam recompute of one segment), compose_layer_major (one
 # layer-major pass over every segment: seams and bodies interleave there, so it is not split),
 # query_prefill, decode_token, ttft, total (one request).
-STAGE_SECONDS = Histogram("combine_stage_seconds", "Latency of each stage of an Execute",
+STAGE_SECONDS = Histogram("hypic_combine_stage_seconds", "Latency of each stage of an Execute",
                           ["stage"], buckets=LATENCY_BUCKETS)
 # source: where the segment really came from (segcache, scatter, local); via: nixl | grpc | local.
-SEGMENTS = Counter("combine_segments", "Segments composed, by the source actually used",
+SEGMENTS = Counter("hypic_combine_segments", "Segments composed, by the source actually used",
                    ["source", "via"])
 # what: segcache | scatter; reason: miss, unavailable, checksum, mismatch, error ...
-FALLBACKS = Counter("combine_fallbacks", "Fetches or builds that failed and were done elsewhere",
+FALLBACKS = Counter("hypic_combine_fallbacks", "Fetches or builds that failed and were done elsewhere",
                     ["what", "reason"])
 # order: segment (each segment once it and those before it are in hand) | layer (one layer-major
 # pass once every entry is in) | mixed (one layer-major pass over the plan's leading run of hits,
 # then segment by segment); hypic and additive requests only.
 # reason: forged (seal or identity), corrupt (does not parse), mismatch (does not fit the model).
-DROPPED = Counter("combine_entries_dropped", "Entries from segcache refused and deleted there",
+DROPPED = Counter("hypic_combine_entries_dropped", "Entries from segcache refused and deleted there",
                   ["reason"])
-COMPOSITIONS = Counter("combine_compositions", "Prompt states composed from entries, by order",
+COMPOSITIONS = Counter("hypic_combine_compositions", "Prompt states composed from entries, by order",
                        ["order"])
-REQUESTS = Counter("combine_requests", "Execute calls by mode and outcome", ["mode", "outcome"])
-TOKENS = Counter("combine_generated_tokens", "Tokens generated")
-IN_FLIGHT = Gauge("combine_in_flight", "Execute calls in progress")
+REQUESTS = Counter("hypic_combine_requests", "Execute calls by mode and outcome", ["mode", "outcome"])
+TOKENS = Counter("hypic_combine_generated_tokens", "Tokens generated")
+IN_FLIGHT = Gauge("hypic_combine_in_flight", "Execute calls in progress")

@@ -10,14 +10,14 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from common.rpc.metrics import LATENCY_BUCKETS
 
-BUILD_SECONDS = Histogram("scatter_build_seconds", "Prefill + entry build time of one segment",
+BUILD_SECONDS = Histogram("hypic_scatter_build_seconds", "Prefill + entry build time of one segment",
                           buckets=LATENCY_BUCKETS)
-BUILD_WAIT_SECONDS = Histogram("scatter_build_queue_seconds",
+BUILD_WAIT_SECONDS = Histogram("hypic_scatter_build_queue_seconds",
                                "Time a build waited for a free build worker", buckets=LATENCY_BUCKETS)
-BUILDS = Counter("scatter_builds", "Builds run (not counting joined ones)", ["result"])
-BUILD_TOKENS = Counter("scatter_build_tokens", "Tokens prefilled by builds")
-ENTRY_BYTES = Counter("scatter_entry_bytes", "Bytes of serialized entries built")
-SHARED = Counter("scatter_shared_builds", "Build calls that joined a build already in flight")
-STORES = Counter("scatter_stores", "segcache Puts of built entries", ["result"])
-IN_FLIGHT = Gauge("scatter_in_flight", "Builds running or queued")
-QUEUED_TOKENS = Gauge("scatter_queued_tokens", "Tokens of the builds running or queued")
+BUILDS = Counter("hypic_scatter_builds", "Builds run (not counting joined ones)", ["result"])
+BUILD_TOKENS = Counter("hypic_scatter_build_tokens", "Tokens prefilled by builds")
+ENTRY_BYTES = Counter("hypic_scatter_entry_bytes", "Bytes of serialized entries built")
+SHARED = Counter("hypic_scatter_shared_builds", "Build calls that joined a build already in flight")
+STORES = Counter("hypic_scatter_stores", "segcache Puts of built entries", ["result"])
+IN_FLIGHT = Gauge("hypic_scatter_in_flight", "Builds running or queued")
+QUEUED_TOKENS = Gauge("hypic_scatter_queued_tokens", "Tokens of the builds running or queued")

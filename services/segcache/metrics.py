@@ -23,31 +23,31 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator:
         s = self.store.stats()
         fams = {
-            "hits": CounterMetricFamily("segcache_hits", "Reads answered by a tier", labels=["tier"]),
-            "misses": CounterMetricFamily("segcache_misses", "Reads a tier could not answer", labels=["tier"]),
-            "evictions": CounterMetricFamily("segcache_evictions", "Entries evicted from a tier", labels=["tier"]),
-            "promotions": CounterMetricFamily("segcache_promotions", "Entries promoted into a tier", labels=["tier"]),
-            "bytes": GaugeMetricFamily("segcache_bytes", "Bytes held by a tier", labels=["tier"]),
-            "peak_bytes": GaugeMetricFamily("segcache_peak_bytes", "High-water mark of a tier's bytes", labels=["tier"]),
-            "budget_bytes": GaugeMetricFamily("segcache_budget_bytes", "A tier's byte budget (0: off)", labels=["tier"]),
-            "entries": GaugeMetricFamily("segcache_entries", "Entries held by a tier", labels=["tier"]),
+            "hits": CounterMetricFamily("hypic_segcache_hits", "Reads answered by a tier", labels=["tier"]),
+            "misses": CounterMetricFamily("hypic_segcache_misses", "Reads a tier could not answer", labels=["tier"]),
+            "evictions": CounterMetricFamily("hypic_segcache_evictions", "Entries evicted from a tier", labels=["tier"]),
+            "promotions": CounterMetricFamily("hypic_segcache_promotions", "Entries promoted into a tier", labels=["tier"]),
+            "bytes": GaugeMetricFamily("hypic_segcache_bytes", "Bytes held by a tier", labels=["tier"]),
+            "peak_bytes": GaugeMetricFamily("hypic_segcache_peak_bytes", "High-water mark of a tier's bytes", labels=["tier"]),
+            "budget_bytes": GaugeMetricFamily("hypic_segcache_budget_bytes", "A tier's byte budget (0: off)", labels=["tier"]),
+            "entries": GaugeMetricFamily("hypic_segcache_entries", "Entries held by a tier", labels=["tier"]),
         }
         for t in s["tiers"]:
             for name, fam in fams.items():
                 fam.add_metric([t["name"]], t[name])
         yield from fams.values()
-        lk = CounterMetricFamily("segcache_lookups", "Lookup answers by tier", labels=["tier"])
+        lk = CounterMetricFamily("hypic_segcache_lookups", "Lookup answers by tier", labels=["tier"])
         for tier, n in s["lookup_hits"].items():
             lk.add_metric([tier], n)
         lk.add_metric(["miss"], s["lookup_misses"])
         yield lk
-        yield CounterMetricFamily("segcache_corrupt_dropped", "Entries dropped on a failed checksum",
+        yield CounterMetricFamily("hypic_segcache_corrupt_dropped", "Entries dropped on a failed checksum",
                                   value=s["corrupt_dropped"])
-        yield GaugeMetricFamily("segcache_leases_active", "Open NIXL leases", value=self.leases_active())
-        yield GaugeMetricFamily("segcache_pending_writes", "Write-behind entries not yet in LMDB",
+        yield GaugeMetricFamily("hypic_segcache_leases_active", "Open NIXL leases", value=self.leases_active())
+        yield GaugeMetricFamily("hypic_segcache_pending_writes", "Write-behind entries not yet in LMDB",
                                 value=s["pending_writes"])
 
 
 # reason: forged (not a sealed entry for its key), budget (in-flight upload bytes over budget),
 # stalled (an upload that stopped sending). Counted where they happen, not read from the store.
-REFUSED = Counter("segcache_puts_refused", "Puts refused before anything was stored", ["reason"])
+REFUSED = Counter("hypic_segcache_puts_refused", "Puts refused before anything was stored", ["reason"])

@@ -249,14 +249,14 @@ class RemoteCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         t = self.tier
-        yield GaugeMetricFamily("segcache_remote_up", "The shared tier's master answers (1) or not",
+        yield GaugeMetricFamily("hypic_segcache_remote_up", "The shared tier's master answers (1) or not",
                                 value=int(t.available))
-        ops = CounterMetricFamily("segcache_remote_ops", "Shared tier operations by outcome",
+        ops = CounterMetricFamily("hypic_segcache_remote_ops", "Shared tier operations by outcome",
                                   labels=["op", "outcome"])
         for op, outcome, n in (("write", "written", t.written), ("write", "dropped", t.dropped),
                                ("write", "error", t.write_errors), ("read", "hit", t.hits),
                                ("read", "miss", t.misses), ("read", "rejected", t.rejected)):
             ops.add_metric([op, outcome], n)
         yield ops
-        yield GaugeMetricFamily("segcache_remote_queue", "Write-behind entries queued for the shared tier",
+        yield GaugeMetricFamily("hypic_segcache_remote_queue", "Write-behind entries queued for the shared tier",
                                 value=t._queue.qsize())
