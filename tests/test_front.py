@@ -443,8 +443,11 @@ def test_front_process_port_file_and_clean_sigterm(tmp_path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    events = [json.loads(ln)["event"] for ln in proc.stderr.read().splitlines() if ln.startswith("{")]
+    lines = [json.loads(ln) for ln in proc.stderr.read().splitlines() if ln.strip()]
+    # the front's own lines (libraries' ones, e.g. uvicorn's access log, name their logger)
+    events = [d["event"] for d in lines if "logger" not in d]
     assert events[-3:] == ["serving", "shutting down", "stopped"]
+    assert any(d.get("logger") == "uvicorn.access" and d["status"] == 503 for d in lines)
 
 
 def test_router_statuses_map_to_openai_errors() -> None:

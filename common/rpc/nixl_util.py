@@ -27,6 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from common.rpc.log import adopt_library_loggers
+
 _NIXL: Any = None
 _NIXL_ERROR: str | None = None
 _IMPORT_LOCK = threading.Lock()
@@ -52,7 +54,7 @@ def load_nixl() -> tuple[Any, str | None]:
     global _NIXL, _NIXL_ERROR
     with _IMPORT_LOCK:
         if _NIXL is None and _NIXL_ERROR is None:
-            # nixl's own logger prints INFO lines to stdout; keep stdout for the service.
+            # nixl's INFO lines (its Python logger's and its C++ core's) are noise at startup.
             os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
             if not _has_rdma_device():
                 # With the system's libibverbs1 installed (Mooncake needs it) UCX loads its IB
@@ -62,6 +64,7 @@ def load_nixl() -> tuple[Any, str | None]:
             try:
                 from nixl import _api  # type: ignore[import-not-found]
                 _NIXL = _api
+                adopt_library_loggers()  # nixl's handler prints plain text on stdout
             except Exception as e:  # ImportError, OSError from missing shared libraries, ...
                 _NIXL_ERROR = f"nixl import failed: {type(e).__name__}: {e}"
         return _NIXL, _NIXL_ERROR

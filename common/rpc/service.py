@@ -21,7 +21,7 @@ import grpc
 from common.rpc import tls
 from common.rpc.auth import check_secrets
 from common.rpc.config import ConfigError, describe, load_config
-from common.rpc.log import setup_logging
+from common.rpc.log import adopt_library_loggers, setup_logging
 from common.rpc.metrics import start_metrics_server
 from common.rpc.server import (build_server, mark_serving, run, shutdown, wait_for_shutdown_signal,
                                write_port_file)
@@ -87,6 +87,7 @@ async def serve(service: Service) -> int:
         await service.prepare()
     except StartupFailed:
         return 1
+    adopt_library_loggers()  # what prepare() imported (transformers, nixl) logs as JSON too
     server, port, health = build_server(service.name, host=cfg.host, port=cfg.port,
                                         max_message_bytes=cfg.max_message_bytes,
                                         interceptors=interceptors, credentials=credentials)
@@ -129,6 +130,8 @@ def load_engine(cfg: Any) -> Any:
 
     from common.engine import HybridEngine
     from common.pic.entry import DTYPES
+
+    adopt_library_loggers()  # transformers, imported just now: its warnings while loading as JSON
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import sys
 
 from common.rpc.config import ConfigError, describe, load_config
-from common.rpc.log import setup_logging
+from common.rpc.log import adopt_library_loggers, level_number, setup_logging
 from common.rpc.server import run, wait_for_shutdown_signal, write_port_file
 from services.front.config import ENV_PREFIX, FrontConfig
 
@@ -52,6 +53,10 @@ async def serve(cfg: FrontConfig) -> int:
         log.warning("no tokenizer; serving without chat template", model=str(cfg.model),
                     error=str(e))
         template = ChatTemplate(None)
+    adopt_library_loggers()  # transformers (the tokenizer) brings its own console handler
+    # uvicorn logs through our root handler (log_config=None): its lifecycle lines (uvicorn.error)
+    # at the libraries' level, its access log (one line per request) at ours.
+    logging.getLogger("uvicorn.access").setLevel(level_number(cfg.log_level))
     try:
         sock = bind(cfg.host, cfg.port)
     except OSError as e:
@@ -60,7 +65,7 @@ async def serve(cfg: FrontConfig) -> int:
     port = sock.getsockname()[1]
     app = create_app(cfg, template)
     server = Server(uvicorn.Config(
-        app, log_config=None, access_log=False, lifespan="on",
+        app, log_config=None, access_log=cfg.access_log, lifespan="on",
         timeout_graceful_shutdown=int(max(1, cfg.grace_s))))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():

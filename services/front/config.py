@@ -58,6 +58,8 @@ class FrontConfig:
     # --- observability -------------------------------------------------------------------
     log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
     log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
+    access_log: bool = field(default=True, metadata=_h(
+        "one log line per HTTP request (uvicorn's access log, rendered like every other line)"))
 
     def __post_init__(self) -> None:
         self.model = Path(self.model)
