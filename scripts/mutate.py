@@ -127,6 +127,17 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("sigterm-no-drain", "common/rpc/server.py",
            "sig = await wait_for_shutdown_signal(timeout_s=drain_s)", "sig = None",
            ("tests/test_shutdown.py", "-k", "drain")),
+    # -- observability: one log format, one metric namespace -------------------------------------------
+    Mutant("stdlib-logs-plain-text", "common/rpc/log.py",
+           "handler.setFormatter(formatter)",
+           'handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))',
+           ("tests/test_observability.py", "-k", "stdlib or debug")),
+    Mutant("library-keeps-its-console-handler", "common/rpc/log.py",
+           "            logger.removeHandler(h)", "            pass",
+           ("tests/test_observability.py", "-k", "stdlib")),
+    Mutant("metric-outside-namespace", "services/scatter/metrics.py",
+           'Counter("hypic_scatter_builds"', 'Counter("scatter_builds"',
+           ("tests/test_observability.py", "-k", "metric_family")),
 )
 
 

@@ -77,7 +77,7 @@ def restore_logging():
     structlog.configure(**config)
 
 
-def test_stdlib_records_render_as_structlog_json(restore_logging) -> None:
+def test_stdlib_records_render_as_structlog_json(restore_logging, capsys) -> None:
     # A library that printed on its own before setup (as nixl's dictConfig does on stdout).
     own = logging.getLogger("hypic_test_lib")
     own.addHandler(logging.StreamHandler(sys.stdout))
@@ -108,6 +108,8 @@ def test_stdlib_records_render_as_structlog_json(restore_logging) -> None:
     finally:
         structlog.contextvars.unbind_contextvars("request_id")
         logging.getLogger("uvicorn.access").setLevel(logging.NOTSET)
+    printed = capsys.readouterr()  # nothing printed on its own, in its own format
+    assert "library" not in printed.out + printed.err, printed
     lines = assert_json_lines(out.getvalue(), "stream")
     by_event = {d["event"]: d for d in lines}
     assert "below the libraries' level" not in by_event
