@@ -58,8 +58,9 @@ def setup_logging(service: str, level: str = "info", *, json: bool = True,
         processors=[*shared, structlog.processors.StackInfoRenderer(),
                     structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        # WriteLogger writes each line with one write() under the stream's lock, as the
-        # stdlib handler does: lines of the two never interleave.
+        # WriteLogger writes each line, newline included, in one write() call, as the stdlib
+        # handler does (print() writes the newline apart): our lines and the libraries' lines
+        # on the same stream never interleave within a line.
         logger_factory=structlog.WriteLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
