@@ -127,6 +127,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("sigterm-no-drain", "common/rpc/server.py",
            "sig = await wait_for_shutdown_signal(timeout_s=drain_s)", "sig = None",
            ("tests/test_shutdown.py", "-k", "drain")),
+    # -- the demo --------------------------------------------------------------------------------------
+    Mutant("demo-says-faster-when-slower", "bench/demo.py",
+           "if hypic_s < full_s:", "if True:",
+           ("tests/test_demo.py", "-k", "verdict")),
+    Mutant("demo-compares-cold-requests-too", "bench/demo.py",
+           'full = [t for r in rows if r.cache == "warm" for t in r.ttft_s["full"]]',
+           'full = [t for r in rows for t in r.ttft_s["full"]]',
+           ("tests/test_demo.py", "-k", "report")),
 )
 
 
