@@ -138,6 +138,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("metric-outside-namespace", "services/scatter/metrics.py",
            'Counter("hypic_scatter_builds"', 'Counter("scatter_builds"',
            ("tests/test_observability.py", "-k", "metric_family")),
+    # -- the demo --------------------------------------------------------------------------------------
+    Mutant("demo-says-faster-when-slower", "bench/demo.py",
+           "if hypic_s < full_s:", "if True:",
+           ("tests/test_demo.py", "-k", "verdict")),
+    Mutant("demo-compares-cold-requests-too", "bench/demo.py",
+           'full = [t for r in rows if r.cache == "warm" for t in r.ttft_s["full"]]',
+           'full = [t for r in rows for t in r.ttft_s["full"]]',
+           ("tests/test_demo.py", "-k", "report")),
 )
 
 
