@@ -17,6 +17,10 @@ BUILD_WAIT_SECONDS = Histogram("scatter_build_queue_seconds",
 BUILDS = Counter("scatter_builds", "Builds run (not counting joined ones)", ["result"])
 BUILD_TOKENS = Counter("scatter_build_tokens", "Tokens prefilled by builds")
 ENTRY_BYTES = Counter("scatter_entry_bytes", "Bytes of serialized entries built")
+BUILD_WORK = Counter("hypic_scatter_build_work_tokens",
+                     "Tokens of builds, by part: done (prefilled; a stopped build counts the share of "
+                     "layers it ran) or skipped (a queued build dropped, the layers a stopped build "
+                     "never ran)", ["part"])
 SHARED = Counter("scatter_shared_builds", "Build calls that joined a build already in flight")
 STORES = Counter("scatter_stores", "segcache Puts of built entries", ["result"])
 IN_FLIGHT = Gauge("scatter_in_flight", "Builds running or queued")
