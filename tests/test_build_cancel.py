@@ -147,6 +147,35 @@ def test_abandoned_requests_stop_running_builds(model, engine, tmp_path, fresh_s
             assert (torch.tensor(res.logits) - ref.logits).abs().max() < 1e-4
 
 
+def log_events(mesh, name: str, event: str) -> list[dict]:
+    return [d for d in (json.loads(x) for x in mesh.log(name).splitlines() if x.startswith("{"))
+            if d.get("event") == event]
+
+
+@pytest.mark.timeout(600)
+def test_an_abandoned_request_stops_combines_local_build(model, engine, tmp_path, fresh_seed):
+    """No scatter: combine builds the misses itself, on its engine thread; the running build
+    stops between layers when the request goes away, and the next request is served."""
+    g = random.Random(fresh_seed)
+    with Mesh(model, tmp_path, n_scatter=0, threads=1, seam=SEAM, start_timeout_s=180,
+              extra_args={"router": ["--max-prompt-tokens", "40000"]}) as mesh:
+        with hypic.Client(mesh.router_address, timeout=120) as c:
+            c.generate(segments=[doc(g, 40)], query=[3, 4], max_tokens=1, stream=False)  # warm
+            segs, query = [doc(g, SEGMENT_TOKENS) for _ in range(2)], [5, 6, 7]
+            with pytest.raises(hypic.HypicError):
+                c.generate(segments=segs, query=query, max_tokens=4, stream=False, timeout=0.3)
+            deadline = time.monotonic() + 30
+            while not (stopped := log_events(mesh, "combine0", "local build stopped")):
+                assert time.monotonic() < deadline, "the running local build was not stopped"
+                time.sleep(0.05)
+            assert all(d["layer"] < d["layers"] and d["tokens"] == SEGMENT_TOKENS for d in stopped), stopped
+            small = [doc(g, 30), doc(g, 20)]
+            ref = engine.prefill_segments(small, query, mode="hypic", seam=SEAM)
+            res = c.generate(segments=small, query=query, max_tokens=4, stream=False)
+            assert res.tokens == engine.generate(ref, max_new_tokens=4)
+            assert mesh.healthy() and not mesh.dead()
+
+
 def wait_idle(mesh, timeout_s: float = 60.0) -> float:
     """Seconds until the scatter reports no build running or queued (Scatter.Load)."""
     t0 = time.monotonic()

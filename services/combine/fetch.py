@@ -25,6 +25,7 @@ import grpc
 import structlog
 
 from common.engine import HybridEngine
+from common.pic import BuildCancelled
 from common.pic.entry import EntryMismatch, SegmentEntry
 from common.rpc.auth import read_secret
 from common.pic.seal import ForgedEntry, open_sealed, seal
@@ -468,7 +469,11 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
 # ---- local -------------------------------------------------------------------------------------
 def _timed_build(engine, ids: list[int], seam: int, should_stop: Callable[[], bool]) -> tuple[SegmentEntry, float]:
     t = time.perf_counter()
-    entry = engine.build_entry(ids, seam, should_stop=should_stop)
+    try:
+        entry = engine.build_entry(ids, seam, should_stop=should_stop)
+    except BuildCancelled as e:  # on the engine thread, after its request went away
+        log.info("local build stopped", tokens=e.tokens, layer=e.layer, layers=e.layers)
+        raise
     return entry, time.perf_counter() - t
 
 
