@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -124,9 +124,11 @@ class HybridEngine:
         )
 
     # -- position-independent caching (common.pic) -------------------------------------------
-    def build_entry(self, token_ids: Sequence[int], seam: int = 8) -> SegmentEntry:
-        """Prefill one segment alone and keep what its reuse needs (a SegmentEntry)."""
-        return build_entry(self, token_ids, seam)
+    def build_entry(self, token_ids: Sequence[int], seam: int = 8,
+                    should_stop: Callable[[], bool] | None = None) -> SegmentEntry:
+        """Prefill one segment alone and keep what its reuse needs (a SegmentEntry).
+        should_stop: asked between layers; True stops the build (common.pic.BuildCancelled)."""
+        return build_entry(self, token_ids, seam, should_stop)
 
     def check_entry(self, entry: SegmentEntry, token_ids: Sequence[int], seam: int) -> None:
         """Raise EntryMismatch unless `entry` is this model's entry of `token_ids` at seam width

@@ -70,7 +70,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 device=args.device, gpus=args.gpus.split(",") if args.gpus else None,
                 threads=args.threads, extra_args=extra, start_timeout_s=args.start_timeout,
                 front=not args.no_front, front_port=args.front_port,
-                tls=args.tls, env={"HYPIC_ROUTER_API_KEY": args.api_key} if args.api_key else None)
+                tls=args.tls, env={"HYPIC_ROUTER_API_KEY": args.api_key} if args.api_key else None,
+                entry_key_file=args.entry_key_file)
     old = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         print(f"hypic up: starting {', '.join(mesh.names)} (logs in {mesh.log_dir})",
@@ -246,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--tls", action="store_true", help="mutual TLS everywhere with a throwaway "
                     "CA made in DATA_DIR/tls (the client certificate is printed)")
     up.add_argument("--api-key", default=None, help="the router then requires this bearer key")
+    up.add_argument("--entry-key-file", default=None,
+                    help="the mesh's entry seal key (common/pic/seal.py); default: one made once "
+                    "in DATA_DIR/entry.key and shared by every service of the mesh")
     up.set_defaults(func=cmd_up)
 
     gen = sub.add_parser("generate", help="one generation against a router")

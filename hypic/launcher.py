@@ -196,7 +196,7 @@ class Mesh:
                  log_dir: str | os.PathLike[str] | None = None, start_timeout_s: float = 180.0,
                  grace_s: float = 10.0, python: str = sys.executable,
                  die_with_parent: bool = True, front: bool = False, front_port: int = 0,
-                 tls: bool = False):
+                 tls: bool = False, entry_key_file: str | os.PathLike[str] | None = None):
         """model: checkpoint directory (default: the bundled models/hypic-tiny-qwen35).
         n_scatter / n_combine: worker counts (n_scatter 0: misses are built on combine).
         segcache=False: no cache service. external_combine: combine addresses the router uses
@@ -206,7 +206,9 @@ class Mesh:
         front: also start the OpenAI-compatible HTTP front (services.front) on front_port.
         extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}.
         tls: mutual TLS everywhere, with a throwaway CA made in data_dir/tls (hypic/certs.py);
-        `client_credentials` is then what an SDK client needs (the "client" certificate)."""
+        `client_credentials` is then what an SDK client needs (the "client" certificate).
+        entry_key_file: the entry seal key of every service (default: made once in
+        data_dir/entry.key); a mesh never runs without one."""
         # Absolute paths: the children may run elsewhere than the caller's working directory.
         self.model = (Path(model) if model is not None else DEFAULT_MODEL).absolute()
         self.data_dir = Path(data_dir).absolute()
@@ -228,6 +230,7 @@ class Mesh:
         self.die_with_parent = die_with_parent
         self.use_segcache = segcache
         self.tls = tls
+        self._entry_key_file = Path(entry_key_file).absolute() if entry_key_file else None
         self.certs: Any = None  # hypic.certs.MeshCerts once started with tls
         self.external_combine = list(external_combine)
         self.use_front = front
@@ -290,7 +293,12 @@ class Mesh:
     @property
     def entry_key_file(self) -> Path:
         """The mesh's entry secret (common/pic/seal.py), made once per data directory and kept, so
-        that entries cached by an earlier run still open; give it to an external combine too."""
+        that entries cached by an earlier run still open; give it to an external combine too.
+        The one given to the constructor, if any (it must exist)."""
+        if self._entry_key_file is not None:
+            if not self._entry_key_file.is_file():
+                raise MeshError(f"entry key file {self._entry_key_file} does not exist")
+            return self._entry_key_file
         path = self.data_dir / "entry.key"
         if not path.exists():
             self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ state it was given, so a caller may keep an old state (a cached prefix) and cont
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import nn
@@ -37,6 +37,9 @@ class ForwardContext:
     # Set by the batched (layer-major) seam recompute of common.pic: it runs linear mixers itself
     # and lays out attention keys around cached segment bodies (see common.layers.attention.attend).
     plan: LayerPlan | None = None
+    # Called with each layer's index before the layer runs; it may raise to abandon the pass
+    # (common.pic.reuse.build_entry: a build nobody waits for any more stops between layers).
+    before_layer: Callable[[int], None] | None = None
 
     def mix(self, mixer, x, state):
         """Layers call their token mixer through here so a plan can take the call over."""
@@ -75,6 +78,8 @@ class HybridLM(nn.Module):
         x = self.embed(input_ids)
         new_layers = list(state.layers)
         for i, layer in enumerate(self.layers):
+            if ctx.before_layer is not None:
+                ctx.before_layer(i)
             ctx.layer = i
             x, new_layers[i] = layer(x, state.layers[i], ctx)
         seq_len = state.seq_len + T if seq_len_after is None else seq_len_after

@@ -19,6 +19,8 @@ the same numbers (tests hold them to float round-off).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -39,16 +41,40 @@ def _conv_cat(tail: torch.Tensor, new: torch.Tensor | None, width: int) -> torch
 
 
 # -- building an entry ---------------------------------------------------------------------------
+class BuildCancelled(Exception):
+    """A build stopped before layer `layer` of `layers` because its `should_stop` said so; nothing
+    of it is kept."""
+
+    def __init__(self, layer: int, layers: int, tokens: int):
+        super().__init__(f"build of {tokens} tokens cancelled before layer {layer} of {layers}")
+        self.layer, self.layers, self.tokens = layer, layers, tokens
+
+
+def _stop_check(should_stop: Callable[[], bool], layers: int, tokens: int) -> Callable[[int], None]:
+    def before_layer(i: int) -> None:
+        if should_stop():
+            raise BuildCancelled(i, layers, tokens)
+    return before_layer
+
+
 @torch.inference_mode()
-def build_entry(engine: PicEngine, token_ids, seam: int) -> SegmentEntry:
+def build_entry(engine: PicEngine, token_ids, seam: int,
+                should_stop: Callable[[], bool] | None = None) -> SegmentEntry:
     """One forward pass that also builds the entry: each linear layer runs the fused kernel
     (kernels.linear_attn.prefill_with_summary) over its cached span, so T and S come out of the
-    same pass as the outputs (`build_entry_reference`: a plain forward, then everything again)."""
+    same pass as the outputs (`build_entry_reference`: a plain forward, then everything again).
+
+    should_stop: asked before every layer (and once more before the entry is assembled); when it
+    answers True the build raises BuildCancelled there (a scatter build nobody waits for any more)."""
     ids, seam = _check_build(engine, token_ids, seam)
     plan = BuildPlan(min(seam, len(ids)), engine.model)
     x = torch.tensor([ids], dtype=torch.long, device=engine.device)
-    ctx = ForwardContext(positions=torch.arange(len(ids), device=engine.device), plan=plan)
+    n_layers = len(engine.model.layers)
+    check = None if should_stop is None else _stop_check(should_stop, n_layers, len(ids))
+    ctx = ForwardContext(positions=torch.arange(len(ids), device=engine.device), plan=plan, before_layer=check)
     _, state = engine.model(x, engine.new_state(), ctx=ctx)
+    if check is not None:
+        check(n_layers)
     w = plan.seam
     layers: list = []
     for i, layer in enumerate(engine.model.layers):

@@ -30,6 +30,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from common.fingerprint import segment_key
 
 SEAL_MAGIC = b"HYPS"
@@ -45,9 +47,24 @@ class ForgedEntry(ValueError):
     names another segment than the key it is used under."""
 
 
+_warned: set[str] = set()
+
+
+def warn_no_key(consequence: str) -> None:
+    """Say once per process (per consequence) that this service has no entry key file."""
+    if consequence not in _warned:
+        _warned.add(consequence)
+        structlog.get_logger("seal").warning(
+            "no entry key file: entries are not protected against forgery; give every service "
+            "of the mesh the same --entry-key-file (hypic up does)", consequence=consequence)
+
+
 def load_secret(path: str | Path | None) -> bytes:
-    """The entry secret from a file (surrounding whitespace stripped); b"" when no path is given."""
+    """The entry secret from a file (surrounding whitespace stripped); b"" when no path is given
+    (with a warning, once: entries are then sealed under the empty key, which anyone can do)."""
     if not path:
+        warn_no_key("entries are sealed and checked under the empty key: anyone who can write "
+                    "to segcache can forge them")
         return b""
     secret = Path(path).read_bytes().strip()
     if not secret:

@@ -16,6 +16,7 @@ deadline; when no time is left the task raises DeadlineExceeded.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -24,6 +25,7 @@ import grpc
 import structlog
 
 from common.engine import HybridEngine
+from common.pic import BuildCancelled
 from common.pic.entry import EntryMismatch, SegmentEntry
 from common.rpc.auth import read_secret
 from common.pic.seal import ForgedEntry, open_sealed, seal
@@ -465,9 +467,13 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
 
 
 # ---- local -------------------------------------------------------------------------------------
-def _timed_build(engine, ids: list[int], seam: int) -> tuple[SegmentEntry, float]:
+def _timed_build(engine, ids: list[int], seam: int, should_stop: Callable[[], bool]) -> tuple[SegmentEntry, float]:
     t = time.perf_counter()
-    entry = engine.build_entry(ids, seam)
+    try:
+        entry = engine.build_entry(ids, seam, should_stop=should_stop)
+    except BuildCancelled as e:  # on the engine thread, after its request went away
+        log.info("local build stopped", tokens=e.tokens, layer=e.layer, layers=e.layers)
+        raise
     return entry, time.perf_counter() - t
 
 
@@ -484,7 +490,13 @@ async def _store(ctx: RequestCtx, key: str, entry: SegmentEntry, build_s: float)
 
 async def build_local(ctx: RequestCtx, i: int, key: str, ids: list[int], t0: float) -> Acquired:
     ctx.deadline.left()
-    entry, build_s = await ctx.run(_timed_build, ctx.engine, ids, ctx.seam)
+    stop = threading.Event()  # the request went away: the build ends at its next layer (BuildCancelled)
+    try:
+        entry, build_s = await ctx.run(_timed_build, ctx.engine, ids, ctx.seam, stop.is_set)
+    except asyncio.CancelledError:
+        stop.set()
+        log.info("local build cancelled", index=i, key=key, tokens=len(ids))
+        raise
     if ctx.store and ctx.segcache_address and ctx.cfg.store_local_builds:
         ctx.spawn(_store(ctx, key, entry, build_s))
     fetch_s = time.perf_counter() - t0

@@ -32,6 +32,7 @@ from services.front.errors import ApiError, bad_request
 from services.front.generation import Generation
 from services.front.params import check_supported, sampling, wants_usage_in_stream
 from common.rpc.auth import read_secret
+from common.rpc.log import sanitize_request_id
 from services.front.routers import RouterPool
 from services.front.segments import ChatTemplate, Prompt, chat_prompt, completion_prompt
 
@@ -45,8 +46,16 @@ async def read_json(request: Request) -> dict:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad_request(f"malformed JSON body: {e}") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.int_info)
+        raise bad_request("malformed JSON body: a number too long") from None
+    except RecursionError:
+        raise bad_request("malformed JSON body: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    try:  # "\ud800" escapes parse into strings no tokenizer (or UTF-8) can take
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request("the request body holds invalid Unicode (a lone surrogate escape)") from None
     return body
 
 
@@ -86,7 +95,8 @@ class Front:
         if self.in_flight >= self.cfg.max_in_flight:
             raise ApiError(429, f"{self.in_flight} requests in flight; retry later",
                            code="overloaded")
-        rid = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex[:16]
+        # the caller's id travels in gRPC metadata and logs: printable ASCII, 64 characters at most
+        rid = sanitize_request_id(request.headers.get(REQUEST_ID_HEADER) or "") or uuid.uuid4().hex[:16]
         gen = Generation(self.pool, prompt, params, mode=self.cfg.default_mode,
                          model_name=self.cfg.model_name, eos_ids=self.eos_ids, request_id=rid)
         self._enter()

@@ -17,6 +17,10 @@ BUILD_WAIT_SECONDS = Histogram("hypic_scatter_build_queue_seconds",
 BUILDS = Counter("hypic_scatter_builds", "Builds run (not counting joined ones)", ["result"])
 BUILD_TOKENS = Counter("hypic_scatter_build_tokens", "Tokens prefilled by builds")
 ENTRY_BYTES = Counter("hypic_scatter_entry_bytes", "Bytes of serialized entries built")
+BUILD_WORK = Counter("hypic_scatter_build_work_tokens",
+                     "Tokens of builds, by part: done (prefilled; a stopped build counts the share of "
+                     "layers it ran) or skipped (a queued build dropped, the layers a stopped build "
+                     "never ran)", ["part"])
 SHARED = Counter("hypic_scatter_shared_builds", "Build calls that joined a build already in flight")
 STORES = Counter("hypic_scatter_stores", "segcache Puts of built entries", ["result"])
 IN_FLIGHT = Gauge("hypic_scatter_in_flight", "Builds running or queued")

@@ -6,13 +6,16 @@ entry into segcache); later calls join it and answer with `shared=true`. The bui
 while anyone waits for it; a queued build whose every caller went away (cancelled, or past its
 deadline) is dropped before it starts, even when a store was asked for: a store nobody waits for
 is work nobody waits for, and the next request that needs the segment builds it again (requests
-abandoned after 0.5 s once left 35,000 tokens of builds running, issue 14). A build that has
-started runs to the end (a running build cannot be stopped) and still counts in Load.
+abandoned after 0.5 s once left 35,000 tokens of builds running, issue 14). A build already
+running is told to stop (its `stop` event, checked by the engine between layers: BuildCancelled)
+and ends at the next layer boundary, nothing stored; it counts in Load until it has stopped. A
+Build that arrives for a flight told to stop starts a flight of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -21,6 +24,7 @@ import grpc
 import structlog
 
 from common.engine import HybridEngine
+from common.pic import BuildCancelled
 from common.pic.entry import dtype_name
 from common.pic.seal import load_secret, seal
 from common.rpc.abort import Abort
@@ -57,6 +61,7 @@ class Flight:
     stored: asyncio.Future  # done once the store phase is over (stored, failed or skipped)
     waiters: int = 0
     started: bool = False  # set on the build thread when the build begins
+    stop: threading.Event = field(default_factory=threading.Event)  # every waiter left: stop the build
     created: float = field(default_factory=time.perf_counter)
     task: asyncio.Task | None = None
 
@@ -96,7 +101,7 @@ class ScatterServicer(pb_grpc.ScatterServicer):
         fl.started = True
         m.BUILD_WAIT_SECONDS.observe(time.perf_counter() - fl.created)
         t0 = time.perf_counter()
-        entry = self.engine.build_entry(fl.token_ids, fl.seam)
+        entry = self.engine.build_entry(fl.token_ids, fl.seam, should_stop=fl.stop.is_set)
         if entry.key != fl.key:  # what the entry's header will say must be what it is stored under
             raise RuntimeError("built entry's identity differs from its key")
         data = seal(entry.to_bytes(), self.secret)
@@ -113,7 +118,12 @@ class ScatterServicer(pb_grpc.ScatterServicer):
             built = await loop.run_in_executor(self.executor, self._build, fl)
         except asyncio.CancelledError:
             m.BUILDS.labels("dropped").inc()
+            if not fl.started:
+                m.BUILD_WORK.labels("skipped").inc(len(fl.token_ids))
             raise
+        except BuildCancelled as e:
+            self._cancelled(fl, e)
+            return
         except Exception as e:
             m.BUILDS.labels("error").inc()
             log.exception("build failed", key=fl.key, tokens=len(fl.token_ids))
@@ -123,12 +133,23 @@ class ScatterServicer(pb_grpc.ScatterServicer):
         m.BUILDS.labels("ok").inc()
         m.BUILD_SECONDS.observe(built.build_s)
         m.BUILD_TOKENS.inc(len(fl.token_ids))
+        m.BUILD_WORK.labels("done").inc(len(fl.token_ids))
         m.ENTRY_BYTES.inc(len(built.data))
         fl.result.set_result(built)
         log.info("built", key=fl.key, tokens=len(fl.token_ids), seam=fl.seam,
                  bytes=len(built.data), build_s=round(built.build_s, 6))
         if fl.store:  # decided here, atomically with the result (no await in between)
             await self._store(fl, built)
+
+    def _cancelled(self, fl: Flight, e: BuildCancelled) -> None:
+        """A running build stopped between layers: count how far it got; nothing is stored."""
+        done = e.tokens * e.layer / e.layers
+        m.BUILDS.labels("cancelled").inc()
+        m.BUILD_WORK.labels("done").inc(done)
+        m.BUILD_WORK.labels("skipped").inc(e.tokens - done)
+        log.info("build cancelled", key=fl.key, tokens=e.tokens, layer=e.layer, layers=e.layers,
+                 running_s=round(time.perf_counter() - fl.created, 6))
+        fl.result.set_exception(Abort(grpc.StatusCode.CANCELLED, "build cancelled"))
 
     def _done_building(self, fl: Flight) -> None:
         if self.pending.get(fl.key) is fl:
@@ -168,14 +189,14 @@ class ScatterServicer(pb_grpc.ScatterServicer):
 
     def _join(self, key: str, ids: list[int], seam: int, request_id: str, store: bool) -> tuple[Flight, bool]:
         fl = self.flights.get(key)
-        if fl is not None:
+        if fl is not None and not fl.stop.is_set():
             fl.store = fl.store or store
             m.SHARED.inc()
             return fl, True
         loop = asyncio.get_running_loop()
         fl = Flight(key=key, token_ids=ids, seam=seam, request_id=request_id, store=store,
                     result=loop.create_future(), stored=loop.create_future())
-        self.flights[key] = fl
+        self.flights[key] = fl  # replaces a flight told to stop (its cleanup checks identity)
         self.pending[key] = fl
         self._gauges()
         fl.task = asyncio.create_task(self._run(fl), name=f"build-{key[:12]}")
@@ -184,8 +205,13 @@ class ScatterServicer(pb_grpc.ScatterServicer):
 
     def _leave(self, fl: Flight) -> None:
         fl.waiters -= 1
-        if fl.waiters == 0 and not fl.started and not fl.result.done() and fl.task is not None:
-            fl.task.cancel()  # queued and nobody waits for it any more: drop it
+        if fl.waiters > 0 or fl.result.done():
+            return
+        # Nobody waits for it any more. Running: the engine stops at its next layer. Queued:
+        # dropped now (the event also covers a build the thread has just picked up).
+        fl.stop.set()
+        if not fl.started and fl.task is not None:
+            fl.task.cancel()
 
     # ---- RPCs -----------------------------------------------------------------------------
     async def Build(self, request: pb.BuildRequest, context):

@@ -12,7 +12,7 @@ import grpc
 import numpy as np
 import structlog
 
-from common.pic.seal import ForgedEntry, load_secret, open_sealed
+from common.pic.seal import ForgedEntry, load_secret, open_sealed, warn_no_key
 from common.rpc.abort import Abort
 from common.rpc.checks import stream_chunk
 from common.rpc.guard import internal_details
@@ -54,6 +54,8 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         self.uploads = UploadBudget(cfg.upload_budget)
         # With the mesh's entry secret, only entries that open under it are stored (seal.py).
         self.secret = load_secret(cfg.entry_key_file) if cfg.entry_key_file else None
+        if self.secret is None:
+            warn_no_key("Puts are stored without checking their seal")
         self.claims = ClaimTable()
 
     # ---- helpers ----------------------------------------------------------------------------
