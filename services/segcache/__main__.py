@@ -57,7 +57,8 @@ class SegcacheService(service.Service):
                                    ttl_s=cfg.lease_ttl_s)
         REGISTRY.register(StoreCollector(self.store, lambda: self.leases.active))
         self.remote = (MooncakeTier(cfg.remote_url, queue_entries=cfg.remote_queue_entries,
-                                    segment_bytes=cfg.remote_segment_bytes, local_host=cfg.host)
+                                    segment_bytes=cfg.remote_segment_bytes,
+                                    buffer_bytes=cfg.remote_buffer_bytes, local_host=cfg.host)
                        if cfg.remote_url else None)
         if self.remote is not None:
             REGISTRY.register(RemoteCollector(self.remote))
