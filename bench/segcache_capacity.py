@@ -37,30 +37,33 @@ FRACTIONS = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 
 
 class SimTier:
-    """One instance's host tier: its policy and budget, as SegmentStore runs them (a hit bumps
-    the frequency; an insert evicts victims until the budget holds; an entry over the budget is
-    not kept)."""
+    """One instance's host tier, run as SegmentStore runs it when its LMDB holds every entry
+    (tests/test_segcache_capacity.py replays random traces through both): a new key is put with
+    frequency 1; every later read counts one more hit (GDSF frequency = hits + 1, kept while the
+    entry is only on disk); a read of a key not in the host tier promotes it from disk; an insert
+    evicts victims until the new entry fits, then adds it; an entry over the budget stays on
+    disk only."""
 
     def __init__(self, capacity: int, policy: str = "gdsf"):
         self.capacity = capacity
         self.policy = make_policy(policy)
-        self.sizes: dict[str, int] = {}
-        self.freq: dict[str, int] = {}
+        self.sizes: dict[str, int] = {}   # in the host tier
+        self.freq: dict[str, int] = {}    # every key ever put (LMDB remembers it)
         self.bytes = 0
 
     def access(self, key: str, size: int, cost: float) -> bool:
+        """One read (a put when the key is new); True when the host tier answered."""
         if key in self.sizes:
             self.freq[key] += 1
             self.policy.touch(key, self.freq[key])
             return True
+        self.freq[key] = self.freq[key] + 1 if key in self.freq else 1
         if size <= self.capacity:
-            self.sizes[key], self.freq[key] = size, 1
-            self.policy.add(key, size, cost, 1)
+            while self.bytes + size > self.capacity:  # room first, as SegmentStore._make_room
+                self.bytes -= self.sizes.pop(self.policy.pop_victim())
+            self.sizes[key] = size
+            self.policy.add(key, size, cost, self.freq[key])
             self.bytes += size
-            while self.bytes > self.capacity:
-                victim = self.policy.pop_victim()
-                self.bytes -= self.sizes.pop(victim)
-                del self.freq[victim]
         return False
 
 
@@ -131,8 +134,9 @@ def plot(result: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for k in INSTANCES:
         rs = [r for r in result["rows"] if r["instances"] == k]
-        axes[0].plot([r["capacity_fraction"] for r in rs], [r["hit_rate"] for r in rs], "o-", label=f"{k} instance(s)")
-        axes[1].plot([r["total_capacity_fraction"] for r in rs], [r["hit_rate"] for r in rs], "o-", label=f"{k} instance(s)")
+        hits = [r["hit_rate"] for r in rs]
+        axes[0].plot([r["capacity_fraction"] for r in rs], hits, "o-", label=f"{k} instance(s)")
+        axes[1].plot([r["total_capacity_fraction"] for r in rs], hits, "o-", label=f"{k} instance(s)")
     axes[0].set_xlabel("host-tier budget per instance (fraction of corpus entry bytes)")
     axes[1].set_xlabel("total budget, k x per instance (fraction of corpus entry bytes)")
     axes[0].set_ylabel("hit rate (segment lookups)")

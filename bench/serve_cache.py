@@ -10,9 +10,9 @@ combine, the router; torch threads=1 per process) on the bundled model, and the 
 1. Sizing: an entry's bytes are affine in its tokens; two entries built in-process fix the line,
    and the corpus's entry bytes follow from its documents' token counts (the bundled tokenizer
    maps one word to one token). One instance's host tier is corpus_bytes / --ratio (4).
-2. Warm-up: every document once (as many per request as the prompt budget holds), then a warm-up RAG trace (another
-   seed, same popularity) at concurrency 2, so that the tiers hold what a long-running server's
-   would. With the shared tier, the run waits until every entry was written behind to the store.
+2. Warm-up: every document once (as many per request as the prompt budget holds), then a
+   warm-up RAG trace (another seed, same popularity) at concurrency 2, so that the tiers hold
+   what a long-running server's would. With the shared tier, the run waits until every entry was written behind to the store.
 3. Measured: a closed-loop RAG trace (hypic mode, concurrency 1): client-side TTFT p50/p90 and the
    segment hits by tier the router reports.
 

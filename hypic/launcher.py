@@ -279,8 +279,9 @@ class Mesh:
         their ports); every client gets all of their addresses. remote_tier: also start a
         Mooncake Store master ("mooncake", on master_port or a free one) and give every segcache
         --remote-url to it; remote_url: an external master's mooncake://HOST:PORT instead (e.g.
-        another Mesh's `remote_url`, standing for another box sharing the tier). external_combine: combine addresses the router uses
-        instead of (or besides) the ones started here (n_combine may then be 0).
+        another Mesh's `remote_url`, standing for another box sharing the tier).
+        external_combine: combine addresses the router uses instead of (or besides) the ones
+        started here (n_combine may then be 0).
         gpus: CUDA device ids, one per scatter worker and then one per combine (round-robin).
         threads: torch threads per model process (scatter/combine --threads).
         front: also start the OpenAI-compatible HTTP front (services.front) on front_port.
