@@ -2,7 +2,8 @@
 its own LMDB, a scatter, a combine, a router) starts the master; box B (its own segcache, LMDB,
 scatter, combine and router) is given A's master URL. A request through A's router builds the
 segments; the same segments through B's router are hits read from the shared tier (Timings say
-"remote", B builds nothing), and every answer equals the in-process reference.
+"remote", B builds nothing), and every answer equals the in-process reference; after the master
+is killed (-9) both boxes still answer correctly.
 
 Also `hypic up`'s flags for this (--segcaches, --remote-tier, --remote-url): bad combinations
 are exit 2 before anything starts."""
@@ -99,6 +100,18 @@ def test_built_on_box_a_is_a_remote_hit_on_box_b(model, tmp_path, fresh_seed) ->
             assert all(s.source == "segcache" and s.tier == "remote" for s in rb.timings.trace)
             # Promoted into B's own tiers: the next request is a local hit.
             assert again.timings.misses == 0 and "remote" not in again.timings.hits_by_tier
+
+            # The master dies (kill -9): the shared tier is gone, no request fails.
+            a.kill("mooncake")
+            fresh = [[g.randrange(1, 500) for _ in range(g.randrange(30, 90))] for _ in range(2)]
+            engine = HybridEngine.from_pretrained(model)
+            ref2 = engine.generate(engine.prefill_segments(fresh + segs[:1], query, mode="hypic",
+                                                           seam=SEAM), max_new_tokens=4)
+            del engine
+            for box in (a, b):
+                with hypic.Client(box.router_address, timeout=120) as c:
+                    r = c.generate(fresh + segs[:1], query, max_tokens=4, stream=False)
+                assert r.tokens == ref2
     assert all(code == 0 for code in a.exit_codes.values()), a.exit_codes
     assert all(code == 0 for code in b.exit_codes.values()), b.exit_codes
 
