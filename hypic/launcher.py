@@ -332,7 +332,8 @@ class Mesh:
         combine_ports = list(combine_ports or [0] * self.n_combine)
         if len(scatter_ports) != self.n_scatter or len(combine_ports) != self.n_combine:
             raise ValueError("one port per scatter / combine worker")
-        seg_ports = list(segcache_ports or [segcache_port] + [0] * (self.n_segcache - 1))
+        seg_ports = list(segcache_ports or [segcache_port] * min(self.n_segcache, 1)
+                         + [0] * (self.n_segcache - 1))
         if len(seg_ports) != self.n_segcache:
             raise ValueError("one port per segcache instance")
         self._ports = {**{self.segcache_name(i): p for i, p in enumerate(seg_ports)},
