@@ -616,6 +616,10 @@ def parse_args(argv=None):
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny sizes everywhere")
     ap.add_argument("--n-scatter", type=int, default=2)
     ap.add_argument("--host-bytes", default="48MiB", help="segcache host-tier budget")
+    ap.add_argument("--segcaches", type=int, default=1, help="segcache instances (host-bytes each); "
+                    "bench/serve_cache.py compares 1 vs k vs 1 + the shared tier")
+    ap.add_argument("--remote-tier", action="store_true", help="a Mooncake master as every "
+                    "segcache's shared tier")
     ap.add_argument("--prefix-cache-bytes", type=int, default=1 << 30,
                     help="the combine's prefix cache budget (common.pic.prefix.PrefixCache default)")
     ap.add_argument("--max-prompt-tokens", type=int, default=4096)
@@ -711,6 +715,7 @@ def _main(args, argv, t_start: float) -> dict:
     try:
         t = time.perf_counter()
         with Mesh(model, data_dir, n_scatter=args.n_scatter, threads=1, start_timeout_s=300,
+                  n_segcache=args.segcaches, remote_tier=args.remote_tier,
                   extra_args={"segcache": ["--host-bytes", str(args.host_bytes)],
                               "router": ["--max-prompt-tokens", str(max(32768, args.sim_tokens))]}) as mesh:
             phases["mesh_start_s"] = time.perf_counter() - t

@@ -1,7 +1,9 @@
 """The `hypic` command (also `python -m hypic`).
 
     hypic up [--model DIR] [--data-dir ./.hypic-data] [--scatter 2] [--port 50051] ...
-        start segcache, scatter × N, combine, the router and the OpenAI-compatible front
+             [--segcaches K] [--remote-tier | --remote-url mooncake://HOST:PORT]
+        start segcache × K (with --remote-tier also a Mooncake Store master, the shared tier
+        below every segcache's LMDB), scatter × N, combine, the router and the OpenAI-compatible front
         (http://127.0.0.1:8000/v1, --no-front to skip) on 127.0.0.1, wait until all are
         healthy, print the router address, run until Ctrl-C / SIGTERM, then stop everything.
     hypic generate --address HOST:PORT --segment TEXT [--segment-ids 1,2,3 ...] --query TEXT
@@ -46,12 +48,17 @@ def _raise_stop(signum: int, frame: Any) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from hypic.launcher import DEFAULT_MODEL, Mesh, MeshError
+    from hypic.launcher import DEFAULT_MODEL
 
     model = Path(args.model) if args.model else DEFAULT_MODEL
     if not (model / "config.json").exists():
         print(f"hypic up: no model at {model} (config.json missing); pass --model DIR",
               file=sys.stderr)
+        return 2
+    if args.segcaches < 1 or (args.remote_tier and args.remote_url) or \
+            ((args.remote_tier or args.remote_url) and args.no_segcache):
+        print("hypic up: --segcaches must be >= 1; --remote-tier (start a master) and "
+              "--remote-url (use one) exclude each other and need segcache", file=sys.stderr)
         return 2
     extra: dict[str, list[str]] = {}
     for kind in ("router", "segcache", "scatter", "combine", "front"):
@@ -62,8 +69,22 @@ def cmd_up(args: argparse.Namespace) -> int:
         # /metrics on its own port), unless the caller chose one or --no-metrics.
         if kind != "front" and not args.no_metrics and "--metrics-port" not in extra.get(kind, []):
             extra[kind] = ["--metrics-port", "0"] + extra.get(kind, [])
-    mesh = Mesh(model, args.data_dir, args.scatter, n_combine=args.combine, host=args.host,
+    try:
+        mesh = _mesh(args, model, extra)
+    except ValueError as e:  # a malformed --remote-url, a port list of the wrong length
+        print(f"hypic up: {e}", file=sys.stderr)
+        return 2
+    return _run_up(args, mesh)
+
+
+def _mesh(args: argparse.Namespace, model: Path, extra: dict[str, list[str]]) -> Any:
+    from hypic.launcher import Mesh
+
+    return Mesh(model, args.data_dir, args.scatter, n_combine=args.combine, host=args.host,
                 router_port=args.port, segcache_port=args.segcache_port,
+                n_segcache=args.segcaches, remote_tier=args.remote_tier,
+                remote_url=args.remote_url, master_port=args.master_port,
+                segcache_ports=_ports(args.segcache_ports) if args.segcache_ports else None,
                 scatter_ports=_ports(args.scatter_ports) if args.scatter_ports else None,
                 combine_ports=_ports(args.combine_ports) if args.combine_ports else None,
                 segcache=not args.no_segcache, seam=args.seam, dtype=args.dtype,
@@ -72,6 +93,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                 front=not args.no_front, front_port=args.front_port,
                 tls=args.tls, env={"HYPIC_ROUTER_API_KEY": args.api_key} if args.api_key else None,
                 entry_key_file=args.entry_key_file)
+
+
+def _run_up(args: argparse.Namespace, mesh: Any) -> int:
+    from hypic.launcher import MeshError
+
     old = signal.signal(signal.SIGTERM, _raise_stop)
     try:
         print(f"hypic up: starting {', '.join(mesh.names)} (logs in {mesh.log_dir})",
@@ -228,6 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--scatter-ports", default="", help="comma list, one per worker")
     up.add_argument("--combine-ports", default="", help="comma list, one per worker")
     up.add_argument("--no-segcache", action="store_true", help="run without the cache service")
+    up.add_argument("--segcaches", type=int, default=1, metavar="K",
+                    help="segcache instances (keys placed by rendezvous hashing over them)")
+    up.add_argument("--segcache-ports", default="", help="comma list, one per segcache instance")
+    up.add_argument("--remote-tier", action="store_true", help="start a Mooncake Store master "
+                    "(mooncake_master from the mooncake wheel) as the shared tier of every segcache")
+    up.add_argument("--remote-url", default="", metavar="mooncake://HOST:PORT",
+                    help="use this running master as the shared tier (e.g. another box's)")
+    up.add_argument("--master-port", type=int, default=0,
+                    help="RPC port of the master --remote-tier starts; 0 = a free one")
     up.add_argument("--seam", type=int, default=8)
     up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     up.add_argument("--device", default="cpu", help="torch device of scatter and combine")

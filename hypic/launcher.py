@@ -10,9 +10,15 @@ benchmarks use the same class).
         mesh.restart("scatter0")           # same port, waits until healthy again
         mesh.addresses                     # {"segcache": ..., "scatter0": ..., "combine0": ..., "router": ...}
 
-Services and their order: segcache (LMDB under data_dir/segcache) → scatter0..m-1 and
-combine0..k-1 (in parallel; they need segcache's address) → router (it needs everybody's)
-→ front (with front=True: the OpenAI-compatible HTTP API; ready when GET /health answers 200).
+    Mesh(..., n_segcache=4, remote_tier=True)   # 4 segcache instances + a Mooncake master
+    Mesh(..., remote_url=other.remote_url)      # another "box" sharing that master
+
+Services and their order: mooncake (with remote_tier: the Mooncake Store master, ready when its
+RPC port accepts) → segcache, segcache1..n-1 (LMDB under data_dir/segcache, data_dir/segcache1,
+...; each given --remote-url when there is a shared tier) → scatter0..m-1 and combine0..k-1 (in
+parallel; they get every segcache address and place keys by rendezvous hashing) → router (it
+needs everybody's) → front (with front=True: the OpenAI-compatible HTTP API; ready when GET
+/health answers 200).
 Each is `python -m services.<kind> --port P --port-file F ...`; ready means it wrote its port
 file and answers grpc.health.v1 SERVING. Ports are ephemeral unless given; a restarted service
 keeps its port so the others' addresses stay valid. Logs go to data_dir/logs/<name>.log.
@@ -28,7 +34,9 @@ import atexit
 import json
 import secrets
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = REPO_ROOT / "models" / "hypic-tiny-qwen35"
 DEFAULT_DATA_DIR = Path(".hypic-data")
 KINDS = ("segcache", "scatter", "combine", "router", "front")
+MASTER_BINARY = "mooncake_master"  # ships in the mooncake-transfer-engine(-non-cuda) wheel
 
 
 class MeshError(RuntimeError):
@@ -181,6 +190,70 @@ class Service:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on now (for a program that cannot report an ephemeral one)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def find_master_binary(python: str = sys.executable) -> str | None:
+    """mooncake_master next to the interpreter (a venv's bin/), else on PATH."""
+    return shutil.which(MASTER_BINARY, path=str(Path(python).parent)) or shutil.which(MASTER_BINARY)
+
+
+_EXEC_DYING_WITH_PARENT = (
+    "import os, sys; from common.rpc.server import die_with_parent_from_env; "
+    "die_with_parent_from_env(); os.execv(sys.argv[1], sys.argv[1:])")
+
+
+@dataclass(eq=False)
+class MooncakeMaster(Service):
+    """The Mooncake Store master: not one of our services (no port file, no grpc.health), so it
+    is started on a port chosen here and is ready when that port accepts connections. Its
+    metrics server gets its own free port on the same host (its default, 0.0.0.0:9003, would
+    collide between two masters and listen beyond loopback)."""
+    binary: str = ""
+    metrics_port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"mooncake://{self.address}"
+
+    def command(self) -> list[str]:
+        # Through a Python trampoline that arms PR_SET_PDEATHSIG (kept across exec) as our own
+        # services do, so that the master too dies with the launcher; same pid after exec.
+        return [self.python, "-c", _EXEC_DYING_WITH_PARENT, self.binary,
+                f"--rpc_port={self.port}", f"--rpc_address={self.host}",
+                f"--metrics_host={self.host}", f"--metrics_port={self.metrics_port}", *self.args]
+
+    def start(self) -> None:
+        if not self.port:
+            self.port = free_port(self.host)  # kept across restarts: segcaches know this URL
+        if not self.metrics_port:
+            self.metrics_port = free_port(self.host)
+        super().start()
+
+    def wait_ready(self, deadline: float) -> None:
+        while not self.answers():
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise MeshError(f"{self.name} exited with status {code} while starting; "
+                                f"log {self.log_path}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise MeshError(f"{self.name} not listening in time; log {self.log_path}:\n"
+                                f"{self.log_tail()}")
+            time.sleep(0.05)
+        self.info = {"port": self.port, "metrics_port": self.metrics_port, "pid": self.pid}
+
+    def answers(self, timeout: float = 1.0) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout):
+                return True
+        except OSError:
+            return False
+
+
 class Mesh:
     """The local mesh; a context manager (start on enter, stop on exit)."""
 
@@ -196,11 +269,20 @@ class Mesh:
                  log_dir: str | os.PathLike[str] | None = None, start_timeout_s: float = 180.0,
                  grace_s: float = 10.0, python: str = sys.executable,
                  die_with_parent: bool = True, front: bool = False, front_port: int = 0,
-                 tls: bool = False, entry_key_file: str | os.PathLike[str] | None = None):
+                 tls: bool = False, n_segcache: int = 1,
+                 segcache_ports: Sequence[int] | None = None, remote_tier: bool = False,
+                 remote_url: str = "", master_port: int = 0,
+                 entry_key_file: str | os.PathLike[str] | None = None):
         """model: checkpoint directory (default: the bundled models/hypic-tiny-qwen35).
         n_scatter / n_combine: worker counts (n_scatter 0: misses are built on combine).
-        segcache=False: no cache service. external_combine: combine addresses the router uses
-        instead of (or besides) the ones started here (n_combine may then be 0).
+        segcache=False: no cache service. n_segcache: segcache instances (the first is named
+        "segcache", the others "segcache1".."segcacheN-1"; segcache_port / segcache_ports fix
+        their ports); every client gets all of their addresses. remote_tier: also start a
+        Mooncake Store master ("mooncake", on master_port or a free one) and give every segcache
+        --remote-url to it; remote_url: an external master's mooncake://HOST:PORT instead (e.g.
+        another Mesh's `remote_url`, standing for another box sharing the tier).
+        external_combine: combine addresses the router uses instead of (or besides) the ones
+        started here (n_combine may then be 0).
         gpus: CUDA device ids, one per scatter worker and then one per combine (round-robin).
         threads: torch threads per model process (scatter/combine --threads).
         front: also start the OpenAI-compatible HTTP front (services.front) on front_port.
@@ -229,6 +311,18 @@ class Mesh:
         self.python = python
         self.die_with_parent = die_with_parent
         self.use_segcache = segcache
+        self.n_segcache = int(n_segcache) if segcache else 0
+        if segcache and self.n_segcache < 1:
+            raise ValueError("n_segcache must be >= 1 (segcache=False runs without one)")
+        if remote_tier and remote_url:
+            raise ValueError("remote_tier starts a master; remote_url names one: not both")
+        if (remote_tier or remote_url) and not segcache:
+            raise ValueError("the shared remote tier needs segcache")
+        self.use_master = bool(remote_tier)
+        self.external_remote_url = remote_url.strip()
+        if self.external_remote_url:
+            from services.segcache.remote_tier import parse_remote_url
+            parse_remote_url(self.external_remote_url)  # ValueError now, not a segcache exit 2
         self.tls = tls
         self._entry_key_file = Path(entry_key_file).absolute() if entry_key_file else None
         self.certs: Any = None  # hypic.certs.MeshCerts once started with tls
@@ -242,7 +336,12 @@ class Mesh:
         combine_ports = list(combine_ports or [0] * self.n_combine)
         if len(scatter_ports) != self.n_scatter or len(combine_ports) != self.n_combine:
             raise ValueError("one port per scatter / combine worker")
-        self._ports = {"segcache": segcache_port, "router": router_port, "front": front_port,
+        seg_ports = list(segcache_ports or [segcache_port] * min(self.n_segcache, 1)
+                         + [0] * (self.n_segcache - 1))
+        if len(seg_ports) != self.n_segcache:
+            raise ValueError("one port per segcache instance")
+        self._ports = {**{self.segcache_name(i): p for i, p in enumerate(seg_ports)},
+                       "mooncake": master_port, "router": router_port, "front": front_port,
                        **{f"scatter{i}": p for i, p in enumerate(scatter_ports)},
                        **{f"combine{i}": p for i, p in enumerate(combine_ports)}}
         self.services: dict[str, Service] = {}
@@ -256,7 +355,8 @@ class Mesh:
     @property
     def names(self) -> list[str]:
         """Service names in start order."""
-        out = ["segcache"] if self.use_segcache else []
+        out = ["mooncake"] if self.use_master else []
+        out += [self.segcache_name(i) for i in range(self.n_segcache)]
         out += [f"scatter{i}" for i in range(self.n_scatter)]
         out += [f"combine{i}" for i in range(self.n_combine)]
         return out + ["router"] + (["front"] if self.use_front else [])
@@ -274,9 +374,25 @@ class Mesh:
         """http://host:port of the OpenAI-compatible front (its API is under /v1)."""
         return f"http://{self.services['front'].address}"
 
+    @staticmethod
+    def segcache_name(i: int) -> str:
+        return "segcache" if i == 0 else f"segcache{i}"
+
+    @property
+    def segcache_addresses(self) -> list[str]:
+        return [self.services[self.segcache_name(i)].address for i in range(self.n_segcache)]
+
     @property
     def segcache_address(self) -> str:
-        return self.services["segcache"].address if self.use_segcache else ""
+        """Every segcache instance, comma-separated (what --segcache-address takes)."""
+        return ",".join(self.segcache_addresses)
+
+    @property
+    def remote_url(self) -> str:
+        """mooncake://HOST:PORT of the shared tier ("" without one): give it to another Mesh."""
+        if self.use_master:
+            return self.services["mooncake"].url
+        return self.external_remote_url
 
     @property
     def scatter_addresses(self) -> list[str]:
@@ -315,7 +431,8 @@ class Mesh:
         """The flags (besides --host/--port/--port-file) a service of `kind` is started with."""
         key = ["--entry-key-file", str(self.entry_key_file)]
         if kind == "segcache":
-            return ["--data-dir", str(self.data_dir / "segcache"), *key]
+            remote = ["--remote-url", self.remote_url] if self.remote_url else []
+            return ["--data-dir", str(self.data_dir / "segcache"), *key, *remote]
         if kind in ("scatter", "combine"):
             args = ["--model", str(self.model), "--dtype", self.dtype, "--device", self.device, *key]
             if self.threads:
@@ -373,13 +490,9 @@ class Mesh:
         atexit.register(self.stop)
         try:
             deadline = time.monotonic() + self.start_timeout_s
-            seg_addr = ""
-            if self.use_segcache:
-                svc = self._service("segcache", "segcache", self.service_args("segcache"))
-                self.services["segcache"] = svc
-                svc.start()
-                svc.wait_ready(deadline)
-                seg_addr = svc.address
+            if self.use_master:
+                self._start_master(deadline)
+            seg_addr = self._start_segcaches(deadline)
             workers = []
             for i in range(self.n_scatter):
                 workers.append(self._service(f"scatter{i}", "scatter",
@@ -411,13 +524,43 @@ class Mesh:
             raise
         return self
 
+    def _start_master(self, deadline: float) -> None:
+        binary = find_master_binary(self.python)
+        if binary is None:
+            raise MeshError(f"{MASTER_BINARY} not found (pip install "
+                            "mooncake-transfer-engine-non-cuda, or -cuda on CUDA machines)")
+        master = MooncakeMaster(name="mooncake", kind="mooncake", args=list(
+            self.extra_args.get("mooncake", [])), run_dir=self.run_dir, log_dir=self.log_dir,
+            host=self.host, port=self._ports["mooncake"], env=dict(self.env),
+            die_with_parent=self.die_with_parent, binary=binary)
+        self.services["mooncake"] = master
+        master.start()
+        master.wait_ready(deadline)
+
+    def _start_segcaches(self, deadline: float) -> str:
+        """Start the segcache instances (in parallel); their addresses, comma-separated."""
+        started = []
+        for i in range(self.n_segcache):
+            name = self.segcache_name(i)
+            args = self.service_args("segcache")
+            if i:
+                args[args.index("--data-dir") + 1] = str(self.data_dir / name)
+            svc = self._service(name, "segcache", args)
+            self.services[name] = svc
+            svc.start()
+            started.append(svc)
+        for svc in started:
+            svc.wait_ready(deadline)
+        return self.segcache_address
+
     def stop(self) -> None:
-        """Stop everything: the router first, then the workers, segcache last."""
+        """Stop everything: the router first, then the workers, segcache, the master last."""
         with self._lock:
             order = [n for n in reversed(self.names) if n in self.services]
             groups = [[n for n in order if n in ("front", "router")],
                       [n for n in order if n.startswith(("scatter", "combine"))],
-                      [n for n in order if n == "segcache"]]
+                      [n for n in order if n.startswith("segcache")],
+                      [n for n in order if n == "mooncake"]]
             for group in groups:
                 group = [n for n in group if self.services[n].alive()]  # not the ones killed before
                 for n in group:

@@ -170,7 +170,7 @@ def test_entry_put_through_a_is_a_hit_through_b_and_corrupt_bytes_are_a_miss(box
         async with SegcacheClient(a.target, timeout_s=10) as ca, SegcacheClient(b.target, timeout_s=10) as cb:
             async def b_sees_all():
                 infos = await cb.lookup(keys)
-                return all(i.tier == pb.TIER_DISK for i in infos)
+                return all(i.tier == pb.TIER_REMOTE for i in infos)
             assert all(i.tier == pb.TIER_MISS for i in await cb.lookup(keys))
             for k in keys:
                 await ca.put(k, blobs[k], token_count=5, recompute_cost_s=0.25)
@@ -178,6 +178,7 @@ def test_entry_put_through_a_is_a_hit_through_b_and_corrupt_bytes_are_a_miss(box
             for k in keys:
                 info, data = await cb.get_with_info(k)  # read, verified, promoted into B
                 assert bytes(data) == blobs[k] and info.token_count == 5
+                assert info.tier == pb.TIER_REMOTE
             assert all(i.tier == pb.TIER_HOST for i in await cb.lookup(keys))
 
             # Garbage under a key in the store: B never serves it.

@@ -1,6 +1,6 @@
-"""Replicas of every service (issue 16): 2 routers, 2 combines, 3 scatters (and 1 segcache:
-the sharded segcache is another issue) under a steady stream from 8 clients; one of each kind
-is killed with SIGKILL in turn. Every answer is compared with a reference computed once per
+"""Replicas of every service (issue 16): 2 routers, 2 combines, 3 scatters and 2 segcache
+instances (keys placed by rendezvous hashing) under a steady stream from 8 clients; one of each
+kind is killed with SIGKILL in turn (a dead segcache's keys become misses, rebuilt). Every answer is compared with a reference computed once per
 prompt by the in-process engine; failed requests and wrong answers are counted.
 
 The clients are SDK clients given both router addresses: gRPC's round_robin with health checks
@@ -103,8 +103,8 @@ def test_kill_one_of_each_under_load(model, tmp_path, fresh_seed) -> None:
     engine = HybridEngine.from_pretrained(model)
     work = prompts(engine, fresh_seed, 12)
     del engine
-    with Mesh(model, tmp_path / "data", n_scatter=3, n_combine=2, threads=1, seam=SEAM,
-              start_timeout_s=300) as mesh:
+    with Mesh(model, tmp_path / "data", n_scatter=3, n_combine=2, n_segcache=2, threads=1,
+              seam=SEAM, start_timeout_s=300) as mesh:
         first = mesh["router"]
         second = Service(name="router-b", kind="router", args=list(first.args),
                          run_dir=first.run_dir, log_dir=first.log_dir)
@@ -116,7 +116,7 @@ def test_kill_one_of_each_under_load(model, tmp_path, fresh_seed) -> None:
                 report = []
                 for phase, victim in (("warm", None), ("router", "router"),
                                       ("combine", "combine0"), ("scatter", "scatter1"),
-                                      ("after", None)):
+                                      ("segcache", "segcache1"), ("after", None)):
                     load.phase = phase
                     if victim:
                         mesh.kill(victim)
@@ -134,5 +134,7 @@ def test_kill_one_of_each_under_load(model, tmp_path, fresh_seed) -> None:
             # A kill may fail requests that already streamed tokens from the victim (no retry
             # once a response started): at most the ones in flight, CLIENTS per kill.
             assert load.failed["after_tokens"] <= 3 * CLIENTS, load.errors
+            # A dead segcache instance only turns its keys into misses: nothing fails.
+            assert not [e for e in load.errors if e.startswith("segcache ")], load.errors
         finally:
             second.stop(grace_s=5)

@@ -44,7 +44,8 @@ from services.combine.config import CombineConfig
 
 log = structlog.get_logger("combine.fetch")
 
-TIER_NAMES = {segpb.TIER_DEVICE: "device", segpb.TIER_HOST: "host", segpb.TIER_DISK: "disk"}
+TIER_NAMES = {segpb.TIER_DEVICE: "device", segpb.TIER_HOST: "host", segpb.TIER_DISK: "disk",
+              segpb.TIER_REMOTE: "remote"}
 
 
 class DeadlineExceeded(Exception):

@@ -8,6 +8,7 @@ tests and launchers learn an ephemeral port. `--help` lists every flag and its e
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import ctypes
 from concurrent.futures import ThreadPoolExecutor
@@ -57,7 +58,8 @@ class SegcacheService(service.Service):
                                    ttl_s=cfg.lease_ttl_s)
         REGISTRY.register(StoreCollector(self.store, lambda: self.leases.active))
         self.remote = (MooncakeTier(cfg.remote_url, queue_entries=cfg.remote_queue_entries,
-                                    segment_bytes=cfg.remote_segment_bytes, local_host=cfg.host)
+                                    segment_bytes=cfg.remote_segment_bytes,
+                                    buffer_bytes=cfg.remote_buffer_bytes, local_host=cfg.host)
                        if cfg.remote_url else None)
         if self.remote is not None:
             REGISTRY.register(RemoteCollector(self.remote))
@@ -95,11 +97,18 @@ class SegcacheService(service.Service):
         self.reaper.cancel()
 
     async def close(self) -> None:
-        if self.remote is not None:
-            self.remote.close()
+        global _EXIT_AT_ONCE
         self.leases.close()
         self.executor.shutdown(wait=True)
-        self.store.close()
+        self.store.close()  # LMDB first: the tier that must close cleanly
+        if self.remote is not None and not self.remote.close():
+            _EXIT_AT_ONCE = True
+
+
+# Set when the shared tier's master was gone at shutdown: Mooncake's client then blocks a normal
+# interpreter exit for ~10 s (its reconnect loop), past the launcher's grace period, so the
+# process ends with os._exit once everything of ours is closed.
+_EXIT_AT_ONCE = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,4 +116,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if _EXIT_AT_ONCE:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

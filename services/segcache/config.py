@@ -83,6 +83,9 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
         "write-behind queue to the remote tier; a full queue drops the write (counted)"))
     remote_segment_bytes: int = field(default=256 * MiB, metadata=_h(
         "memory this segcache contributes to the Mooncake Store"))
+    remote_buffer_bytes: int = field(default=64 * MiB, metadata=_h(
+        "the Mooncake client's transfer buffer: every object put or got passes through it, so an "
+        "entry larger than this (plus a small header) is never written to or read from the tier"))
 
     def __post_init__(self) -> None:
         self.check_server()
@@ -112,8 +115,10 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
         self.remote_url = (self.remote_url or "").strip()
         if self.remote_url:
             parse_remote_url(self.remote_url)  # ValueError: a clear startup error (exit 2)
-        if self.remote_queue_entries < 1 or self.remote_segment_bytes < MiB:
-            raise ValueError("remote_queue_entries must be >= 1 and remote_segment_bytes >= 1 MiB")
+        if self.remote_queue_entries < 1 or self.remote_segment_bytes < MiB \
+                or self.remote_buffer_bytes < MiB:
+            raise ValueError("remote_queue_entries must be >= 1, remote_segment_bytes and "
+                             "remote_buffer_bytes >= 1 MiB")
 
     @property
     def entry_limit(self) -> int:

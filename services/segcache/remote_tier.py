@@ -227,17 +227,27 @@ class MooncakeTier:
         self.hits += 1
         return entry
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Stop the threads and close the client. False when the master no longer answers: the
+        client is then left open (closing it blocks ~6 s, holding the GIL, in Mooncake's
+        reconnect attempts, and so does its destructor at exit): end the process with
+        os._exit (services/segcache/__main__.py does)."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout=2)
         with self._lock:
-            if self._store is not None:
-                try:
-                    self._store.close()
-                except Exception:
-                    pass
-                self._store = None
+            store, self._store = self._store, None
+        if store is None:
+            return True
+        if not self._master_answers():
+            log.warning("shared tier's master is gone: leaving its client open", url=self.url)
+            self._abandoned = store
+            return False
+        try:
+            store.close()
+        except Exception:
+            pass
+        return True
 
 
 class RemoteCollector:

@@ -122,8 +122,8 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             remote = await self._remote_exists([k for k, i in zip(keys, infos) if i is None])
         except Exception as e:
             await self._fail(context, e)
-        # In the shared tier only: a disk-class hit of unknown size (Get reads and promotes it).
-        infos = [pb.EntryInfo(key=k, tier=pb.TIER_DISK) if i is None and k in remote else i
+        # In the shared tier only: a hit of unknown size (Get reads and promotes it).
+        infos = [pb.EntryInfo(key=k, tier=pb.TIER_REMOTE) if i is None and k in remote else i
                  for k, i in zip(keys, infos)]
         return pb.LookupResponse(entries=[
             i if isinstance(i, pb.EntryInfo) else entry_pb(i) if i is not None
@@ -193,8 +193,10 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         try:
             key = self._key(request.key)
             got = await self._io(self.store.get, key)
+            promoted = False
             if got is None and self.remote is not None:
                 got = await self._io(self._promote, key)
+                promoted = got is not None
             if got is None:
                 raise Abort(grpc.StatusCode.NOT_FOUND, f"not cached: {key}")
         except Exception as e:
@@ -205,7 +207,10 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         for off in range(0, info.size, chunk):
             data = arr[off:off + chunk].tobytes()
             if first:
-                yield pb.GetResponse(entry=entry_pb(info), data=data)
+                entry = entry_pb(info)
+                if promoted:  # say where it came from (it lives locally from now on)
+                    entry.tier = pb.TIER_REMOTE
+                yield pb.GetResponse(entry=entry, data=data)
                 first = False
             else:
                 yield pb.GetResponse(data=data)
