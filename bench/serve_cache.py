@@ -113,7 +113,7 @@ def run_config(config: str, model: Path, enc: Encoder, corpus: list, traces: dic
                     + (f", {len(errs)} errors, e.g. {errs[0]}" if errs else ""))
             if config == "mooncake":  # measure with the store holding what was built
                 end = time.monotonic() + 120
-                while segcache_metric(mesh, "segcache_remote_ops", 'outcome="written"') < len(corpus):
+                while segcache_metric(mesh, "hypic_segcache_remote_ops", 'outcome="written"') < len(corpus):
                     if time.monotonic() > end:
                         log(f"[{config}] not every entry reached the store in 120 s")
                         break
@@ -129,7 +129,7 @@ def run_config(config: str, model: Path, enc: Encoder, corpus: list, traces: dic
             misses = sum(r.get("misses", 0) for r in ok)
             held = {tier: segcache_metric(mesh, "segcache_bytes", f'tier="{tier}"')
                     for tier in ("host", "disk")}
-            remote = ({o: segcache_metric(mesh, "segcache_remote_ops", f'outcome="{o}"')
+            remote = ({o: segcache_metric(mesh, "hypic_segcache_remote_ops", f'outcome="{o}"')
                        for o in ("written", "dropped", "error", "hit", "miss", "rejected")}
                       if config == "mooncake" else None)
         return dict(config=config, segcache_instances=args.instances if config == "sharded" else 1,

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from urllib.parse import urlsplit
+
 from hypic.client import Credentials
 from hypic.healthcheck import check, http_check
 
@@ -53,6 +55,20 @@ DEFAULT_MODEL = REPO_ROOT / "models" / "hypic-tiny-qwen35"
 DEFAULT_DATA_DIR = Path(".hypic-data")
 KINDS = ("segcache", "scatter", "combine", "router", "front")
 MASTER_BINARY = "mooncake_master"  # ships in the mooncake-transfer-engine(-non-cuda) wheel
+
+
+
+def _check_remote_url(url: str) -> None:
+    """ValueError for what segcache's --remote-url would refuse (exit 2), checked here so that a
+    bad URL stops `hypic up` before any process starts (the SDK imports no service code)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "mooncake" or not parts.hostname or port is None or not 0 < port < 65536 \
+            or parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise ValueError(f"remote_url must be mooncake://HOST:PORT, not {url!r}")
 
 
 class MeshError(RuntimeError):
@@ -321,8 +337,7 @@ class Mesh:
         self.use_master = bool(remote_tier)
         self.external_remote_url = remote_url.strip()
         if self.external_remote_url:
-            from services.segcache.remote_tier import parse_remote_url
-            parse_remote_url(self.external_remote_url)  # ValueError now, not a segcache exit 2
+            _check_remote_url(self.external_remote_url)
         self.tls = tls
         self._entry_key_file = Path(entry_key_file).absolute() if entry_key_file else None
         self.certs: Any = None  # hypic.certs.MeshCerts once started with tls

@@ -53,7 +53,7 @@ def remote_written(mesh: Mesh) -> int:
         port = mesh[name].info["metrics_port"]
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         for line in text.splitlines():
-            if line.startswith("segcache_remote_ops") and 'outcome="written"' in line:
+            if line.startswith("hypic_segcache_remote_ops") and 'outcome="written"' in line:
                 total += int(float(line.split()[-1]))
     return total
 
