@@ -16,6 +16,9 @@
 #      restarts the container); compose restarts it; a cold request (it needs the scatters) and
 #      the first one again (warm) are answered, equal to the reference;
 #   6. down -v.
+# With the shared remote tier by default (HYPIC_COMPOSE_MOONCAKE=0 leaves it out): the
+# `mooncake` profile's master on 127.0.0.1:23091 and segcache's --remote-url pointing at it;
+# segcache must report the tier up.
 # Why two scatter services and not `--scale scatter=2`: host networking has no compose DNS (a
 # container resolves names with the host's resolver, so dns:///scatter:23071 has no records)
 # and every replica of one service would bind the same 127.0.0.1 port; the CPU override lists
@@ -48,6 +51,10 @@ if ! docker compose version >/dev/null 2>&1; then
 fi
 docker compose version >&2
 DC=(docker compose -p "$PROJECT" -f docker-compose.yml -f docker-compose.cpu.yml)
+if [ "${HYPIC_COMPOSE_MOONCAKE:-1}" = 1 ]; then
+    export HYPIC_REMOTE_URL=mooncake://127.0.0.1:23091
+    DC+=(--profile mooncake)
+fi
 
 if ! docker info >/dev/null 2>&1; then
     say "starting dockerd (no bridge, no iptables; log /tmp/hypic-dockerd.log)"
@@ -104,6 +111,15 @@ say "up"
 "${DC[@]}" up -d --wait --wait-timeout 600
 say "up and healthy"
 "${DC[@]}" ps --format 'table {{.Service}}\t{{.Status}}' >&2
+if [ -n "${HYPIC_REMOTE_URL:-}" ]; then
+    for _ in $(seq 30); do
+        "${DC[@]}" logs segcache 2>/dev/null | grep -q '"remote tier up"' && break
+        sleep 1
+    done
+    "${DC[@]}" logs --no-log-prefix segcache 2>/dev/null | grep '"remote tier' >&2 \
+        || { say "FAIL: segcache's remote tier ($HYPIC_REMOTE_URL) never came up"; exit 1; }
+    say "segcache's remote tier is up ($HYPIC_REMOTE_URL)"
+fi
 
 ask() {  # ask INDEX: one retrieval prompt of the quality evaluation, checked against the engine
     "$PY" scripts/compose_request.py --address "$ROUTER" --index "$1" \

@@ -434,3 +434,24 @@ def test_merge_follows_compose_rules() -> None:
                    "volumes": ["v:/data", {"type": "bind", "source": "./n", "target": "/m"}],
                    "ports": []}
     assert interpolate("a ${X:-d} ${Y:-} ${Z}", {"X": "x"}) == "a x  "
+
+
+def test_cpu_image_leaves_out_only_what_services_never_import(cpu) -> None:
+    """PIP_SKIP (the CPU image's left-out requirements) must name no runtime dependency of the
+    package and nothing the services, common/ or the SDK import."""
+    import tomllib
+
+    skip = cpu["services"]["segcache"]["build"]["args"].get("PIP_SKIP", "")
+    names = {n.strip().lower() for n in skip.split("|") if n.strip()}
+    assert names, "the CPU image skips nothing: PIP_SKIP lost?"
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    runtime = {re.split(r"[=<>~!;\[ ]", d, maxsplit=1)[0].strip().lower() for d in deps}
+    assert not names & runtime, f"PIP_SKIP drops runtime dependencies {names & runtime}"
+    modules = {n.replace("-", "_") for n in names}
+    imports = re.compile(r"^\s*(?:import|from)\s+(" + "|".join(sorted(modules)) + r")\b", re.M)
+    for pkg in ("services", "common", "hypic"):
+        for f in (ROOT / pkg).rglob("*.py"):
+            hit = imports.search(f.read_text())
+            assert hit is None, f"{f.relative_to(ROOT)} imports {hit.group(1)}, left out of the CPU image"
+    text = DOCKERFILE.read_text()
+    assert "ARG PIP_SKIP=" in text and "${PIP_SKIP}" in text
