@@ -348,6 +348,12 @@ def test_mooncake_master_is_opt_in_and_reached_by_segcache() -> None:
             assert host == "mooncake-master" and port == int(flags["--rpc_port"]), cfg.remote_url
     probe = " ".join(master["healthcheck"]["test"])
     assert f"'127.0.0.1', {flags['--rpc_port']}" in probe, "the probe must knock on the RPC port"
+    # the master runs from the Hypic image: the libraries the wheel's binaries link against
+    # (undeclared by the wheel; without them mooncake_master does not start)
+    text = DOCKERFILE.read_text()
+    for lib in ("libibverbs1", "libcurl4", "libnuma1"):
+        assert lib in text, f"docker/Dockerfile lacks {lib}"
+    assert "mooncake.store" in text, "the image build must import mooncake.store"
 
 
 @pytest.fixture(scope="module")
@@ -455,3 +461,18 @@ def test_cpu_image_leaves_out_only_what_services_never_import(cpu) -> None:
             assert hit is None, f"{f.relative_to(ROOT)} imports {hit.group(1)}, left out of the CPU image"
     text = DOCKERFILE.read_text()
     assert "ARG PIP_SKIP=" in text and "${PIP_SKIP}" in text
+
+
+def test_the_cpu_image_build_and_the_check(cpu) -> None:
+    for name, svc in cpu["services"].items():
+        b = svc["build"]
+        assert svc["image"] == "hypic-cpu:latest" and b["network"] == "host", name
+        assert b["args"]["HYPIC_EXTRAS"] == "", f"{name}: no GPU extra on CPU"
+        assert "constraints-cpu.txt" in b["args"]["PIP_CONSTRAINTS"]
+        assert (ROOT / b["args"]["PIP_CONSTRAINTS"].split()[-1]).is_file()
+    text = DOCKERFILE.read_text()
+    assert "${PIP_CONSTRAINTS}" in text and "ARG CUDA_IMAGE" in text
+    check = ROOT / "scripts" / "compose-check.sh"
+    assert check.stat().st_mode & 0o111
+    assert "compose-check:" in (ROOT / "Makefile").read_text()
+    assert "--profile mooncake" in check.read_text() and "scripts/compose_request.py" in check.read_text()
