@@ -127,6 +127,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("sigterm-no-drain", "common/rpc/server.py",
            "sig = await wait_for_shutdown_signal(timeout_s=drain_s)", "sig = None",
            ("tests/test_shutdown.py", "-k", "drain")),
+    Mutant("compose-cpu-router-misses-a-scatter", "docker-compose.cpu.yml",
+           '"--scatter-addresses", "127.0.0.1:23071,127.0.0.1:23072"',
+           '"--scatter-addresses", "127.0.0.1:23071"',
+           ("tests/test_compose_file.py",)),
+    Mutant("compose-combine-without-entry-key", "docker-compose.yml",
+           "      HYPIC_COMBINE_ENTRY_KEY_FILE: /run/secrets/entry-key\n", "",
+           ("tests/test_compose_file.py",)),
 )
 
 
