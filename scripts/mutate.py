@@ -169,6 +169,13 @@ MUTANTS: tuple[Mutant, ...] = (
            'full = [t for r in rows if r.cache == "warm" for t in r.ttft_s["full"]]',
            'full = [t for r in rows for t in r.ttft_s["full"]]',
            ("tests/test_demo.py", "-k", "report")),
+    Mutant("compose-cpu-router-misses-a-scatter", "docker-compose.cpu.yml",
+           '"--scatter-addresses", "127.0.0.1:23071,127.0.0.1:23072"',
+           '"--scatter-addresses", "127.0.0.1:23071"',
+           ("tests/test_compose_file.py",)),
+    Mutant("compose-combine-without-entry-key", "docker-compose.yml",
+           "      HYPIC_COMBINE_ENTRY_KEY_FILE: /run/secrets/entry-key\n", "",
+           ("tests/test_compose_file.py",)),
 )
 
 
