@@ -53,6 +53,7 @@ from common.rpc.server import run as run_loop  # noqa: E402
 from services.segcache.config import SegcacheConfig  # noqa: E402
 from services.segcache.remote_tier import unpack  # noqa: E402
 from services.segcache.store import TIER_HOST, SegmentStore  # noqa: E402
+from hypic.launcher import mooncake_missing  # noqa: E402
 
 MiB = 1 << 20
 
@@ -199,19 +200,6 @@ def bench_host(tmp: Path, payloads: dict[int, bytes], reps: int) -> dict[int, di
     finally:
         store.close()
     return out
-
-
-def mooncake_missing() -> str | None:
-    """Why the shared tier cannot be measured here (None: it can)."""
-    from hypic.launcher import find_master_binary
-
-    if find_master_binary() is None:
-        return "mooncake_master not installed"
-    try:
-        import mooncake.store  # noqa: F401
-    except (ImportError, OSError) as e:
-        return f"mooncake cannot load ({e}); `make` installs libibverbs1"
-    return None
 
 
 def start_master(tmp: Path):

@@ -218,6 +218,18 @@ def find_master_binary(python: str = sys.executable) -> str | None:
     return shutil.which(MASTER_BINARY, path=str(Path(python).parent)) or shutil.which(MASTER_BINARY)
 
 
+def mooncake_missing(python: str = sys.executable) -> str | None:
+    """Why a Mooncake Store tier cannot run here (None: it can): the wheel's master binary, or
+    the client library, which needs Debian's libibverbs1 (`make` installs it)."""
+    if find_master_binary(python) is None:
+        return "mooncake_master not installed (pip install mooncake-transfer-engine-non-cuda)"
+    try:
+        import mooncake.store  # noqa: F401
+    except (ImportError, OSError) as e:
+        return f"mooncake cannot load ({e}); `make` installs libibverbs1"
+    return None
+
+
 _EXEC_DYING_WITH_PARENT = (
     "import os, sys; from common.rpc.server import die_with_parent_from_env; "
     "die_with_parent_from_env(); os.execv(sys.argv[1], sys.argv[1:])")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,24 +19,14 @@ import numpy as np
 import pytest
 
 from common.rpc.segcache_client import SegcacheClient
+from hypic.launcher import find_master_binary, mooncake_missing
 from protos.hypic.v1 import segcache_pb2 as pb
 from services.segcache.records import checksum
 from services.segcache.remote_tier import pack, parse_remote_url, unpack
 from test_segcache_service import SegcacheProcess
 
 pytestmark = pytest.mark.timeout(300)
-MASTER = shutil.which("mooncake_master", path=str(Path(sys.executable).parent)) or shutil.which("mooncake_master")
-
-
-def _mooncake_missing() -> str | None:
-    """Why Mooncake cannot run here (the wheel, or Debian's libibverbs1 that `make` installs)."""
-    if MASTER is None:
-        return "mooncake_master not installed (pip install mooncake-transfer-engine-non-cuda)"
-    try:
-        import mooncake.store  # noqa: F401
-    except (ImportError, OSError) as e:
-        return f"mooncake cannot load ({e}); `make` installs libibverbs1"
-    return None
+MASTER = find_master_binary()
 
 
 def _blob(rng: random.Random, n: int) -> np.ndarray:
@@ -133,7 +122,7 @@ class Master:
 
 @pytest.fixture
 def boxes(tmp_path: Path):
-    missing = _mooncake_missing()
+    missing = mooncake_missing()
     if missing:
         pytest.skip(missing)
     master = Master(tmp_path).start()

@@ -11,7 +11,6 @@ are exit 2 before anything starts."""
 from __future__ import annotations
 
 import random
-import shutil
 import time
 import urllib.request
 from pathlib import Path
@@ -21,21 +20,11 @@ import pytest
 import hypic
 from common.engine import HybridEngine
 from hypic.cli import main as cli_main
-from hypic.launcher import Mesh, find_master_binary
+from hypic.launcher import Mesh, mooncake_missing
 from tiny import PIC_CONFIGS, save_tiny
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 SEAM = 8
-
-
-def _mooncake_missing() -> str | None:
-    if find_master_binary() is None:
-        return "mooncake_master not installed (pip install mooncake-transfer-engine-non-cuda)"
-    try:
-        import mooncake.store  # noqa: F401
-    except (ImportError, OSError) as e:
-        return f"mooncake cannot load ({e}); `make` installs libibverbs1"
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +48,7 @@ def remote_written(mesh: Mesh) -> int:
 
 
 def test_built_on_box_a_is_a_remote_hit_on_box_b(model, tmp_path, fresh_seed) -> None:
-    missing = _mooncake_missing()
+    missing = mooncake_missing()
     if missing:
         pytest.skip(missing)
     g = random.Random(fresh_seed)
@@ -75,9 +64,8 @@ def test_built_on_box_a_is_a_remote_hit_on_box_b(model, tmp_path, fresh_seed) ->
         assert a.remote_url.startswith("mooncake://127.0.0.1:")
         assert a.segcache_address.count(",") == 1  # every client got both instances
         # One deployment, one entry secret: box B opens what box A sealed.
-        (tmp_path / "b").mkdir()
-        shutil.copy(a.entry_key_file, tmp_path / "b" / "entry.key")
-        with Mesh(model, tmp_path / "b", remote_url=a.remote_url, **common) as b:
+        with Mesh(model, tmp_path / "b", remote_url=a.remote_url, entry_key_file=a.entry_key_file,
+                  **common) as b:
             with hypic.Client(a.router_address, timeout=120) as ca:
                 ra = ca.generate(segs, query, max_tokens=4, stream=False)
             assert ra.tokens == ref
