@@ -16,6 +16,10 @@ layer together; a linear layer computes every seam's (T, S|0) at once, runs the 
 compositions over segments, then all seam outputs from their incoming states; an attention layer
 lays the seam keys out between the cached bodies and masks by real position. Both orders give
 the same numbers (tests hold them to float round-off).
+
+Runs (`compose_run`): the layer-major pass over a run of consecutive segments continuing from a
+composed prefix state — what a combine worker does with the segments that arrived while it was
+busy. `compose_run(engine, S, [e_i .. e_j])` equals `prefill_segment_major(engine, [e_i .. e_j], S)`.
 """
 from __future__ import annotations
 
@@ -255,10 +259,12 @@ class SeamPlan:
     """All seams of all segments through the stack in one pass per layer (a
     common.models.base.LayerPlan: the model hands it every token mixer call)."""
 
-    def __init__(self, model, entries: list[SegmentEntry], device):
+    def __init__(self, model, entries: list[SegmentEntry], device, prefix: ModelState | None = None):
         self.model = model
         self.entries = entries
-        self.starts, pos, seam_pos, spans = [], 0, [], []
+        self.prefix = prefix  # the composed state the run continues from (None: the prompt's start)
+        p0 = 0 if prefix is None else prefix.seq_len
+        self.starts, pos, seam_pos, spans = [], p0, [], []
         for e in entries:
             self.starts.append(pos)
             spans.append((len(seam_pos), len(seam_pos) + e.seam_len))
@@ -269,9 +275,16 @@ class SeamPlan:
         self.seam_positions = torch.tensor(seam_pos, dtype=torch.long, device=device)
 
     # attention layers: seam keys between the cached bodies, masked by real position
+    def _prefix_layer(self, i: int):
+        return None if self.prefix is None else self.prefix.layers[i]
+
     def attend(self, q, k, v, scale, ctx):
         mixer = self.model.layers[ctx.layer].mixer
         keys, values = [], []
+        before = self._prefix_layer(ctx.layer)
+        if before is not None:  # the prefix's keys, already at their real positions 0 .. p0-1
+            keys.append(before.keys.to(k.dtype))
+            values.append(before.values.to(v.dtype))
         for e, (a, b), start in zip(self.entries, self.spans, self.starts):
             keys.append(k[:, :, a:b])
             values.append(v[:, :, a:b])
@@ -296,7 +309,8 @@ class SeamPlan:
         bodies = [e.layers[i] for e in self.entries]
         u = mixer.conv_inputs(x)  # [1, Ws, C]
         C = u.shape[-1]
-        run_conv = u.new_zeros(1, C, max(c - 1, 0))
+        before = self._prefix_layer(i)
+        run_conv = _full_conv(before.conv if before is not None else None, u.new_zeros(1, C, max(c - 1, 0)))
         tails_in, conv_after_seam = [], []
         for (a, b), body in zip(self.spans, bodies):
             tails_in.append(run_conv)
@@ -319,7 +333,7 @@ class SeamPlan:
         if beta is not None:
             beta = beta.masked_fill(pad[:, :, None], 0)
         seams = segment_summary(mixer.family, k, v, g=g, beta=beta)
-        running = torch.zeros_like(bodies[0].S)
+        running = before.recurrent if before is not None else torch.zeros_like(bodies[0].S)
         incoming = []
         for j, body in enumerate(bodies):
             incoming.append(running)
@@ -333,14 +347,34 @@ class SeamPlan:
         return y, LinearLayerState(run_conv if c > 1 else None, running)
 
 
+def _full_conv(conv: torch.Tensor | None, zeros: torch.Tensor) -> torch.Tensor:
+    """A conv tail of the full kernel-1 width: a shorter one (a prompt that began fewer than
+    kernel-1 tokens ago) is left-padded with the zeros every prompt starts from."""
+    if conv is None:
+        return zeros
+    short = zeros.shape[-1] - conv.shape[-1]
+    return torch.cat([zeros[..., :short], conv.to(zeros.dtype)], -1) if short > 0 else conv.to(zeros.dtype)
+
+
 @torch.inference_mode()
 def prefill_layer_major(engine: PicEngine, entries: list[SegmentEntry]) -> ModelState:
+    """State after every segment, all seams through each layer together, from the empty state."""
+    return compose_run(engine, engine.new_state(), entries)
+
+
+@torch.inference_mode()
+def compose_run(engine: PicEngine, state: ModelState, entries: list[SegmentEntry]) -> ModelState:
+    """Extend `state` (not mutated) by a run of consecutive segments in one layer-major pass:
+    the same numbers as composing them one by one (`prefill_segment_major(engine, entries, state)`,
+    the reference), with one forward call for all their seams instead of one per segment."""
+    if not entries:
+        return state
     if not any(e.seam_len for e in entries):
-        return prefill_segment_major(engine, entries)
+        return prefill_segment_major(engine, entries, state)
     model = engine.model
-    plan = SeamPlan(model, entries, engine.device)
+    plan = SeamPlan(model, entries, engine.device, prefix=state)
     ids = [t for e in entries for t in e.seam_tokens]
     ctx = ForwardContext(positions=plan.seam_positions, plan=plan)
     x = torch.tensor([ids], dtype=torch.long, device=engine.device)
-    _, state = model(x, engine.new_state(), ctx=ctx, seq_len_after=plan.total)
-    return state
+    _, out = model(x, state, ctx=ctx, seq_len_after=plan.total)
+    return out
