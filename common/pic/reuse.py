@@ -24,7 +24,6 @@ busy. `compose_run(engine, S, [e_i .. e_j])` equals `prefill_segment_major(engin
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from common.layers.attention import attention_values, causal_attention
 from common.models.base import ForwardContext
@@ -293,14 +292,16 @@ class SeamPlan:
                 keys.append(mixer.rerotate(body.keys.to(k.dtype), start))
                 values.append(body.values.to(v.dtype))
         K_all, V_all = torch.cat(keys, 2), torch.cat(values, 2)
-        kpos = torch.arange(self.total, device=q.device)
-        mask = kpos[None, :] <= self.seam_positions[:, None]
-        n_rep = q.shape[1] // K_all.shape[1]
         V_use = attention_values(mixer, K_all, V_all)
-        Kr = K_all.repeat_interleave(n_rep, 1) if n_rep > 1 else K_all
-        Vr = V_use.repeat_interleave(n_rep, 1) if n_rep > 1 else V_use
-        o = F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=mask, scale=scale)
-        return o.transpose(1, 2), AttentionLayerState(K_all, V_all)
+        # Each seam attends to every key before it and causally to itself: causal attention with
+        # an offset per seam (no [seams, keys] mask, which SDPA would turn into a float mask and
+        # compute in full; the keys are views of the one layout, never copied per seam).
+        outs = []
+        for (a, b), start in zip(self.spans, self.starts):
+            if b > a:
+                end = start + (b - a)
+                outs.append(causal_attention(q[:, :, a:b], K_all[:, :, :end], V_use[:, :, :end], scale))
+        return torch.cat(outs, 1), AttentionLayerState(K_all, V_all)
 
     # linear layers: batched seam summaries, a short scan, batched seam outputs
     def run_linear(self, mixer, x, ctx):
