@@ -293,15 +293,60 @@ class SeamPlan:
                 values.append(body.values.to(v.dtype))
         K_all, V_all = torch.cat(keys, 2), torch.cat(values, 2)
         V_use = attention_values(mixer, K_all, V_all)
-        # Each seam attends to every key before it and causally to itself: causal attention with
-        # an offset per seam (no [seams, keys] mask, which SDPA would turn into a float mask and
-        # compute in full; the keys are views of the one layout, never copied per seam).
+        p0 = 0 if before is None else before.keys.shape[2]
+        if _FLASH is not None and q.device.type == "cpu" and q.shape[-1] == V_use.shape[-1]:
+            o = self._attend_merged(q, K_all, V_use, p0, scale)
+        else:
+            o = self._attend_per_seam(q, K_all, V_use, scale)
+        return o, AttentionLayerState(K_all, V_all)
+
+    def _attend_per_seam(self, q, K_all, V_use, scale):
+        """The plain form: each seam attends to every key before it and causally to itself, one
+        causal attention with an offset per seam (no [seams, keys] mask, which SDPA would turn
+        into a float mask and compute in full). [B, Ws, Hq, Dv]"""
         outs = []
         for (a, b), start in zip(self.spans, self.starts):
             if b > a:
                 end = start + (b - a)
                 outs.append(causal_attention(q[:, :, a:b], K_all[:, :, :end], V_use[:, :, :end], scale))
-        return torch.cat(outs, 1), AttentionLayerState(K_all, V_all)
+        return torch.cat(outs, 1)
+
+    def _attend_merged(self, q, K_all, V_use, p0: int, scale):
+        """The same attention in blocks of keys merged by log-sum-exp (CPU flash kernel), each
+        block read once: the composed prefix's keys by every seam of the run in one call; each
+        segment of the run (its seam and body keys) by the seams after it in one call; each
+        seam's own keys causally. [B, Ws, Hq, Dv]"""
+        B, Hq, Ws, D = q.shape
+        Hkv = K_all.shape[1]
+        n_rep = Hq // Hkv
+        acc_o = q.new_zeros(B, Hq, Ws, V_use.shape[-1], dtype=torch.float32)
+        acc_lse = q.new_full((B, Hq, Ws), float("-inf"), dtype=torch.float32)
+
+        def add(rows: slice, o, lse):
+            lse = lse.float()
+            new = torch.logaddexp(acc_lse[:, :, rows], lse)
+            acc_o[:, :, rows] = (acc_o[:, :, rows] * (acc_lse[:, :, rows] - new).exp()[..., None]
+                                 + o.float() * (lse - new).exp()[..., None])
+            acc_lse[:, :, rows] = new
+
+        def grouped(rows: slice, k0: int, k1: int):  # rows of q over keys k0..k1-1, no mask
+            T = rows.stop - rows.start
+            o, lse = _FLASH(q[:, :, rows].reshape(B, Hkv, n_rep * T, D), K_all[:, :, k0:k1],
+                            V_use[:, :, k0:k1], 0.0, False, scale=scale)[:2]
+            add(rows, o.reshape(B, Hq, T, -1), lse.reshape(B, Hq, T))
+
+        if p0 > 0:
+            grouped(slice(0, Ws), 0, p0)
+        for j, ((a, b), start) in enumerate(zip(self.spans, self.starts)):
+            end = self.starts[j + 1] if j + 1 < len(self.starts) else self.total
+            if b < Ws and end > start:  # this segment's keys, for every later seam
+                grouped(slice(b, Ws), start, end)
+            if b > a:  # its own seam, causally
+                kd, vd = K_all[:, :, start:start + b - a], V_use[:, :, start:start + b - a]
+                if n_rep > 1:
+                    kd, vd = kd.repeat_interleave(n_rep, 1), vd.repeat_interleave(n_rep, 1)
+                add(slice(a, b), *_FLASH(q[:, :, a:b], kd, vd, 0.0, True, scale=scale)[:2])
+        return acc_o.to(q.dtype).transpose(1, 2)
 
     # linear layers: batched seam summaries, a short scan, batched seam outputs
     def run_linear(self, mixer, x, ctx):
@@ -346,6 +391,11 @@ class SeamPlan:
         y = mixer.output(o, aux, x.dtype)  # [n, wmax, D]
         y = torch.cat([y[j : j + 1, : b - a] for j, (a, b) in enumerate(self.spans)], 1)
         return y, LinearLayerState(run_conv if c > 1 else None, running)
+
+
+# The CPU flash kernel returns the log-sum-exp beside the output: attention over disjoint key
+# ranges merges exactly (common.layers.attention uses it the same way).
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _full_conv(conv: torch.Tensor | None, zeros: torch.Tensor) -> torch.Tensor:
