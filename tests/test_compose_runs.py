@@ -80,12 +80,12 @@ def test_runs_composed_as_they_arrive_equal_segment_major(engine, seam, fresh_se
     query = torch.randint(0, engine.vocab_size, (rng.randint(1, 6),), generator=g).tolist()
     entries = [build_entry(engine, s, seam) for s in segs]
     reference = prefill_segment_major(engine, entries)
-    for _ in range(2):  # two arrival orders per prompt
+    for capacity in (None, sum(lengths)):  # two arrival orders: keys concatenated, then in an arena
         batches = random_batches(rng, n)
         state = engine.new_state()
         runs = list(runs_as_arriving(batches, n))
         for run in runs:
-            state = compose_run(engine, state, [entries[i] for i in run])
+            state = compose_run(engine, state, [entries[i] for i in run], capacity=capacity)
         err = state_rel(state, reference)
         assert err < 1e-5, (lengths, batches, err)
         _, logits, after = engine.forward(query, state)
@@ -103,3 +103,19 @@ def test_composing_runs_out_of_order_is_caught(engine, fresh_seed):
     reference = prefill_segment_major(engine, entries)
     swapped = compose_run(engine, compose_run(engine, engine.new_state(), entries[:1]), [entries[2], entries[1]])
     assert state_rel(swapped, reference) > 1e-3
+
+
+def test_a_kept_state_is_never_overwritten_by_an_arena(engine, fresh_seed):
+    """Continuing twice from one state (the second continuation may not write where the first
+    did): both equal the reference, and the first is unchanged after the second."""
+    g = torch.Generator().manual_seed(fresh_seed)
+    segs = [torch.randint(0, engine.vocab_size, (L,), generator=g).tolist() for L in (19, 27, 14, 33)]
+    entries = [build_entry(engine, s, 8) for s in segs]
+    cap = sum(len(s) for s in segs)
+    prefix = compose_run(engine, engine.new_state(), entries[:2], capacity=cap)
+    a = compose_run(engine, prefix, entries[2:], capacity=cap)
+    a_copy = a.clone()
+    b = compose_run(engine, prefix, [entries[3], entries[2]], capacity=cap)  # another prompt's tail
+    assert state_rel(a, a_copy) == 0.0
+    assert state_rel(a, prefill_segment_major(engine, entries)) < 1e-5
+    assert state_rel(b, prefill_segment_major(engine, entries[:2] + [entries[3], entries[2]])) < 1e-5

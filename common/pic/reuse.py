@@ -258,10 +258,13 @@ class SeamPlan:
     """All seams of all segments through the stack in one pass per layer (a
     common.models.base.LayerPlan: the model hands it every token mixer call)."""
 
-    def __init__(self, model, entries: list[SegmentEntry], device, prefix: ModelState | None = None):
+    def __init__(self, model, entries: list[SegmentEntry], device, prefix: ModelState | None = None,
+                 capacity: int | None = None):
         self.model = model
         self.entries = entries
         self.prefix = prefix  # the composed state the run continues from (None: the prompt's start)
+        self.capacity = capacity  # the prompt's final length, when known: keys go into a KVArena
+        self.arenas: dict[int, KVArena] = dict(prefix.extra.get(ARENAS, {})) if prefix is not None else {}
         p0 = 0 if prefix is None else prefix.seq_len
         self.starts, pos, seam_pos, spans = [], p0, [], []
         for e in entries:
@@ -291,14 +294,28 @@ class SeamPlan:
             if body is not None and body.keys.shape[2]:
                 keys.append(mixer.rerotate(body.keys.to(k.dtype), start))
                 values.append(body.values.to(v.dtype))
-        K_all, V_all = torch.cat(keys, 2), torch.cat(values, 2)
-        V_use = attention_values(mixer, K_all, V_all)
         p0 = 0 if before is None else before.keys.shape[2]
+        K_all, V_all = self._lay_out(ctx.layer, before, keys, values)
+        V_use = attention_values(mixer, K_all, V_all)
         if _FLASH is not None and q.device.type == "cpu" and q.shape[-1] == V_use.shape[-1]:
             o = self._attend_merged(q, K_all, V_use, p0, scale)
         else:
             o = self._attend_per_seam(q, K_all, V_use, scale)
         return o, AttentionLayerState(K_all, V_all)
+
+    def _lay_out(self, layer: int, before, keys: list, values: list):
+        """This layer's keys and values after the run: written after the prefix's in the
+        prompt's arena when the prefix is the arena's latest state (no copy of the prefix),
+        else concatenated."""
+        if self.capacity is not None and self.capacity >= self.total:
+            arena = self.arenas.get(layer)
+            if arena is None or not arena.continues(before, self.capacity):
+                skip = 1 if before is not None else 0  # the prefix goes in as one piece
+                arena = KVArena(before, keys[skip:], values[skip:], self.capacity)
+                self.arenas[layer] = arena
+                return arena.extend(keys[skip:], values[skip:])
+            return arena.extend(keys[1:], values[1:])
+        return torch.cat(keys, 2), torch.cat(values, 2)
 
     def _attend_per_seam(self, q, K_all, V_use, scale):
         """The plain form: each seam attends to every key before it and causally to itself, one
@@ -393,6 +410,42 @@ class SeamPlan:
         return y, LinearLayerState(run_conv if c > 1 else None, running)
 
 
+ARENAS = "kv_arenas"  # ModelState.extra: per attention layer, the KVArena its keys live in
+
+
+class KVArena:
+    """One attention layer's keys and values of a prompt being composed run by run, allocated
+    once at the prompt's final length: each run writes its keys after the prefix's, where a
+    concatenation would copy the whole prefix again for every run. A state's keys are a view of
+    the first `length` positions. Only the arena's latest state may be extended in place (like
+    appending to a shared slice): continuing from an older state again gets a fresh arena, so a
+    state a caller kept is never overwritten."""
+
+    def __init__(self, before, keys: list, values: list, capacity: int):
+        ref_k = before.keys if before is not None else keys[0]
+        ref_v = before.values if before is not None else values[0]
+        B, H, _, Dk = ref_k.shape
+        self.keys = ref_k.new_empty(B, H, capacity, Dk)
+        self.values = ref_v.new_empty(B, ref_v.shape[1], capacity, ref_v.shape[-1])
+        self.length = 0
+        if before is not None:
+            self.extend([before.keys], [before.values])
+
+    def continues(self, before, capacity: int) -> bool:
+        """Whether `before` is this arena's latest state (and the arena is large enough)."""
+        return (before is not None and self.keys.shape[2] >= capacity and self.length == before.keys.shape[2]
+                and before.keys.data_ptr() == self.keys.data_ptr() and before.keys.dtype == self.keys.dtype)
+
+    def extend(self, keys: list, values: list):
+        """Write these pieces after the current end; (keys, values) views up to the new end."""
+        for k, v in zip(keys, values):
+            n = k.shape[2]
+            self.keys[:, :, self.length:self.length + n] = k
+            self.values[:, :, self.length:self.length + n] = v
+            self.length += n
+        return self.keys[:, :, :self.length], self.values[:, :, :self.length]
+
+
 # The CPU flash kernel returns the log-sum-exp beside the output: attention over disjoint key
 # ranges merges exactly (common.layers.attention uses it the same way).
 _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -414,18 +467,23 @@ def prefill_layer_major(engine: PicEngine, entries: list[SegmentEntry]) -> Model
 
 
 @torch.inference_mode()
-def compose_run(engine: PicEngine, state: ModelState, entries: list[SegmentEntry]) -> ModelState:
+def compose_run(engine: PicEngine, state: ModelState, entries: list[SegmentEntry],
+                capacity: int | None = None) -> ModelState:
     """Extend `state` (not mutated) by a run of consecutive segments in one layer-major pass:
     the same numbers as composing them one by one (`prefill_segment_major(engine, entries, state)`,
-    the reference), with one forward call for all their seams instead of one per segment."""
+    the reference), with one forward call for all their seams instead of one per segment.
+    capacity: the prompt's final length when the caller knows it (a combine worker does): the
+    attention keys then live in one KVArena per layer, extended in place run after run."""
     if not entries:
         return state
     if not any(e.seam_len for e in entries):
         return prefill_segment_major(engine, entries, state)
     model = engine.model
-    plan = SeamPlan(model, entries, engine.device, prefix=state)
+    plan = SeamPlan(model, entries, engine.device, prefix=state, capacity=capacity)
     ids = [t for e in entries for t in e.seam_tokens]
     ctx = ForwardContext(positions=plan.seam_positions, plan=plan)
     x = torch.tensor([ids], dtype=torch.long, device=engine.device)
     _, out = model(x, state, ctx=ctx, seq_len_after=plan.total)
+    if plan.arenas:
+        out.extra[ARENAS] = plan.arenas
     return out

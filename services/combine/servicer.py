@@ -25,7 +25,7 @@ import torch
 
 from common import modes
 from common.engine import HybridEngine, pick_token  # the sampler engine.generate uses
-from common.pic import compose_run, compose_segment, prefill_layer_major, prefill_segments
+from common.pic import compose_run, compose_segment, prefill_segments
 from common.pic.entry import dtype_name
 from common.pic.runs import arrived_run
 from common.pic.seal import load_secret
@@ -345,6 +345,7 @@ class CombineServicer(pb_grpc.CombineServicer):
         additive = ex.mode == "additive"  # entries with seam 0, added without T
         in_runs = self.cfg.compose_order == "auto" and ex.mode == "hypic"
         n = len(segs)
+        capacity = sum(len(s) for s in segs)  # the attention keys of every pass go into one arena
         state = self.engine.new_state()
         ready: dict[int, Acquired] = {}
         nxt = 0  # the next segment to compose
@@ -365,8 +366,8 @@ class CombineServicer(pb_grpc.CombineServicer):
                                       via_nixl=a.via_nixl)
             ctx.deadline.left()
             if nxt < lead:  # nxt == 0: the leading run, from the empty state
-                state, compose_s = await self.run(self._compose_all,
-                                                  [ready.pop(j).entry for j in range(lead)])
+                state, compose_s = await self.run(self._compose_run, state,
+                                                  [ready.pop(j).entry for j in range(lead)], capacity)
                 # Seams and bodies interleave layer by layer in this pass, so it is not split:
                 # all of it is compose_s, and it adds nothing to seams_s.
                 timings.compose_s += compose_s
@@ -374,24 +375,26 @@ class CombineServicer(pb_grpc.CombineServicer):
                 run = range(0, lead)
             else:
                 run = arrived_run(ready, nxt, n) if in_runs else range(nxt, nxt + 1)
-                state = await self._compose_arrived(state, [ready.pop(j).entry for j in run], additive,
-                                                    timings)
+                state = await self._compose_arrived(state, [ready.pop(j).entry for j in run], in_runs,
+                                                    additive, capacity, timings)
             ex.runs.append(len(run))
             nxt = run.stop
         m.COMPOSITIONS.labels("layer" if lead == n else "mixed" if lead else "segment").inc()
         yield state
 
-    async def _compose_arrived(self, state, entries: list, additive: bool, timings: rpb.Timings):
-        """Extend the state by a run of arrived segments: one segment-major step for a single
-        segment (its seam timed apart), else one layer-major pass (seams inside compose_s)."""
-        if len(entries) == 1:
-            state, compose_s, seams_s = await self.run(self._compose_one, state, entries[0], additive)
+    async def _compose_arrived(self, state, entries: list, in_runs: bool, additive: bool, capacity: int,
+                               timings: rpb.Timings):
+        """Extend the state by arrived segments: a run in one layer-major pass (seams inside
+        compose_s; keys into the request's arena), or one segment-major step (its seam timed apart)."""
+        if in_runs:
+            state, compose_s = await self.run(self._compose_run, state, entries, capacity)
+            m.STAGE_SECONDS.labels("compose_run").observe(compose_s)
+        else:
+            (entry,) = entries
+            state, compose_s, seams_s = await self.run(self._compose_one, state, entry, additive)
             timings.seams_s += seams_s
             m.STAGE_SECONDS.labels("compose").observe(compose_s)
             m.STAGE_SECONDS.labels("seams").observe(seams_s)
-        else:
-            state, compose_s = await self.run(self._compose_run, state, entries)
-            m.STAGE_SECONDS.labels("compose_run").observe(compose_s)
         timings.compose_s += compose_s
         return state
 
@@ -426,16 +429,10 @@ class CombineServicer(pb_grpc.CombineServicer):
         total = time.perf_counter() - t
         return state, total - timer.seconds, timer.seconds
 
-    def _compose_run(self, state, entries: list):
+    def _compose_run(self, state, entries: list, capacity: int):
         """Engine thread: extend the state by a run of consecutive segments in one layer-major pass."""
         t = time.perf_counter()
-        state = compose_run(self.engine, state, entries)
-        return state, time.perf_counter() - t
-
-    def _compose_all(self, entries: list):
-        """Engine thread: these segments in one layer-major pass, from an empty state."""
-        t = time.perf_counter()
-        state = prefill_layer_major(self.engine, entries)
+        state = compose_run(self.engine, state, entries, capacity=capacity)
         return state, time.perf_counter() - t
 
     @torch.inference_mode()
