@@ -207,6 +207,7 @@ class Replay:
         from common.pic.reuse import compose_run, compose_segment
 
         eng, entries = self.engine, self.entries
+        capacity = sum(e.n_tokens for e in entries)  # keys into one arena per layer, as combine does
         state = eng.new_state()
         self.passes = []
 
@@ -216,7 +217,7 @@ class Replay:
             if policy == "in_order":
                 state, secs = self._timed(compose_segment, eng, state, entries[run.start])
             else:
-                state, secs = self._timed(compose_run, eng, state, [entries[j] for j in run])
+                state, secs = self._timed(compose_run, eng, state, [entries[j] for j in run], capacity)
             self.passes.append(dict(segments=len(run), prefix_tokens=prefix,
                                     run_tokens=sum(entries[j].n_tokens for j in run), seconds=secs))
             return secs
@@ -294,8 +295,20 @@ def measure(model: Path, tokens: int, seed: int, ms: Sequence[int], seam: int, o
             r[f"ttft{tag}_s"] = ov + r["combine_done_s"] + q
             r[f"speedup_vs_m1{tag}"] = (ov + base["combine_done_s"] + q) / r[f"ttft{tag}_s"]
             r[f"speedup_vs_in_order_m1{tag}"] = (ov + old1["combine_done_s"] + q) / r[f"ttft{tag}_s"]
+    all_passes = [p for key, ps in passes.items() if key.startswith("runs/") for p in ps]
+    fit = fit_run_cost(all_passes)
+    fitted = []  # the same table from the fitted costs alone (the old simulation's form)
+    t1 = simulate(lengths, 1, "lpt", cost, lambda L: 0.0, q, overhead_s, run_s=run_cost(fit, lengths)).ttft_s
+    for how in PARTITIONS:
+        for m in ms:
+            r = simulate(lengths, m, how, cost, lambda L: 0.0, q, overhead_s, run_s=run_cost(fit, lengths))
+            fitted.append(dict(r.as_dict(), speedup_vs_m1=t1 / r.ttft_s,
+                               makespan_speedup_vs_m1=max(arrivals(lengths, 1, "lpt", cost)[0]) / r.makespan_s))
     a, b, c = cost.coefficients
     return dict(
+        run_cost_fit=dict(fit, form="pass_s + per_seam_s*k + per_seam_per_1k_keys_s*k*(prefix + run/2)/1000 "
+                                    "+ per_1k_run_tokens_s*run/1000", passes=len(all_passes)),
+        simulated_from_fits=dict(label="SIMULATED from the fitted build and run costs alone", rows=fitted),
         label="SIMULATED arrivals (m workers from the measured, fitted build costs); combine REPLAYED: "
               "every composition really run and timed on this machine",
         model=str(model), threads=1, seam=seam, prompt_tokens=sum(lengths) + len(query), lengths=lengths,
@@ -304,6 +317,63 @@ def measure(model: Path, tokens: int, seed: int, ms: Sequence[int], seam: int, o
         overhead_note="router, lookup and transfers: the fixed overhead calibrated on the mesh's m = 1 cold "
                       "TTFT (bench/results/cold.json); *_compute_only rows leave it out",
         rows=rows, passes=passes)
+
+
+RUN_FEATURES = ("pass_s", "per_seam_s", "per_seam_per_1k_keys_s", "per_1k_run_tokens_s")
+
+
+def _run_features(k: int, prefix: int, run_tokens: int) -> list[float]:
+    # a pass; each seam (fixed work: its tokens through every layer); each seam's attention over
+    # the keys before it (~ prefix + half the run); the run's bodies (keys laid out, states composed)
+    return [1.0, float(k), k * (prefix + run_tokens / 2) / 1000.0, run_tokens / 1000.0]
+
+
+def fit_run_cost(passes: Sequence[dict]) -> dict[str, float]:
+    """Least squares fit, coefficients >= 0 (a negative one is dropped and the rest refitted),
+    of a pass's measured seconds on _run_features. Minimises relative error (weights 1/t)."""
+    import numpy as np
+
+    X = np.array([_run_features(p["segments"], p["prefix_tokens"], p["run_tokens"]) for p in passes])
+    y = np.array([p["seconds"] for p in passes])
+    w = 1.0 / np.maximum(y, 1e-6)
+    keep = list(range(X.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(X[:, keep] * w[:, None], y * w, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = [0.0] * X.shape[1]
+    for j, c in zip(keep, coef):
+        full[j] = max(float(c), 0.0)
+    return dict(zip(RUN_FEATURES, full))
+
+
+def run_cost(fit: dict[str, float], lengths: Sequence[int]) -> Callable[[range], float]:
+    """run_s for `simulate` from a fit_run_cost fit (prefix tokens from the lengths before)."""
+    starts = [0]
+    for L in lengths:
+        starts.append(starts[-1] + L)
+    coef = [fit[k] for k in RUN_FEATURES]
+
+    def run_s(run: range) -> float:
+        x = _run_features(len(run), starts[run.start], starts[run.stop] - starts[run.start])
+        return sum(c * v for c, v in zip(coef, x))
+    return run_s
+
+
+def measure_mesh(model: Path, reps: int, cold_tokens: int) -> dict:
+    """Real cold requests through a mesh of our own (bench/serve.py's cold path: fresh documents
+    on m = 2 scatter workers, full recompute of the same prompts, then m = 1)."""
+    import tempfile
+
+    from bench import serve as S
+    from hypic.launcher import Mesh
+
+    args = S.parse_args(["--model", str(model), "--cold-reps", str(reps), "--cold-tokens", str(cold_tokens)])
+    with tempfile.TemporaryDirectory(prefix="hypic-bench-cold-") as d:
+        with Mesh(model, Path(d), n_scatter=2, threads=1, start_timeout_s=300,
+                  extra_args={"router": ["--max-prompt-tokens", str(max(32768, cold_tokens + 64))]}) as mesh:
+            return S.cold_path(mesh, S.Encoder(model), args)
 
 
 def _default_overhead() -> float:
@@ -329,7 +399,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--overhead-s", type=float, default=None,
                     help="fixed mesh overhead added to every TTFT (default: bench/results/cold.json's)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "cold_runs.json")
+    ap.add_argument("--mesh", action="store_true",
+                    help="also measure real cold requests through a mesh (m = 2, then m = 1; bench/serve.py)")
+    ap.add_argument("--mesh-reps", type=int, default=3)
+    ap.add_argument("--mesh-tokens", type=int, default=8192)
     args = ap.parse_args(argv)
+    if args.mesh:
+        mesh = measure_mesh(args.model, args.mesh_reps, args.mesh_tokens)
+        path = args.out.with_name(args.out.stem + "_mesh.json")
+        path.write_text(json.dumps(mesh, indent=1))
+        print(f"wrote {path}")
+        if args.overhead_s is None:  # this run's own calibration
+            args.overhead_s = mesh["simulated"]["overhead_s"]
     overhead = _default_overhead() if args.overhead_s is None else args.overhead_s
     res = measure(args.model, args.tokens, args.seed, args.ms, args.seam, overhead, reps=args.reps)
     print(f"{res['prompt_tokens']} tokens in {len(res['lengths'])} segments; builds {res['build_sum_s']:.2f} s; "
@@ -340,6 +421,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                               f"(tail {r['tail_after_last_arrival_s'] * 1e3:.0f} ms)"
                               for r in res["rows"] if r["policy"] == policy and r["partition"] == how)
             print(f"  {policy:<8} {how:<11} {cells}")
+    fit = res["run_cost_fit"]
+    print("  run cost fit: " + ", ".join(f"{k} {fit[k] * 1e3:.3f} ms" for k in RUN_FEATURES))
+    cells = "  ".join(f"m={r['m']}: {r['ttft_s']:5.2f} s x{r['speedup_vs_m1']:.2f}"
+                      for r in res["simulated_from_fits"]["rows"] if r["partition"] == "lpt")
+    print(f"  fitted   lpt         {cells}")
     args.out.write_text(json.dumps(res, indent=1))
     print(f"wrote {args.out}")
 
