@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from common.engine import HybridEngine
-from common.pic.reuse import build_entry, compose_run, prefill_segment_major
+from common.pic.reuse import ARENAS, build_entry, compose_run, prefill_segment_major, without_arenas
 from common.pic.runs import arrived_run, runs_as_arriving
 from common.state import AttentionLayerState, LinearLayerState
 from tiny import PIC_CONFIGS, save_tiny
@@ -119,3 +119,6 @@ def test_a_kept_state_is_never_overwritten_by_an_arena(engine, fresh_seed):
     assert state_rel(a, a_copy) == 0.0
     assert state_rel(a, prefill_segment_major(engine, entries)) < 1e-5
     assert state_rel(b, prefill_segment_major(engine, entries[:2] + [entries[3], entries[2]])) < 1e-5
+    # once composition is over the state stops carrying the arenas (their keys stay views)
+    done = without_arenas(a)
+    assert ARENAS in a.extra and ARENAS not in done.extra and state_rel(done, a) == 0.0

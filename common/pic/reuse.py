@@ -446,6 +446,16 @@ class KVArena:
         return self.keys[:, :, :self.length], self.values[:, :, :self.length]
 
 
+def without_arenas(state: ModelState) -> ModelState:
+    """The state once composition is over: its keys stay views of the arenas, but the state no
+    longer carries them along (a query or decode step concatenates new keys; the arena buffers
+    are then freed with the last view instead of living on in every later state's extra)."""
+    if ARENAS not in state.extra:
+        return state
+    extra = {k: v for k, v in state.extra.items() if k != ARENAS}
+    return ModelState(layers=state.layers, seq_len=state.seq_len, extra=extra)
+
+
 # The CPU flash kernel returns the log-sum-exp beside the output: attention over disjoint key
 # ranges merges exactly (common.layers.attention uses it the same way).
 _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)

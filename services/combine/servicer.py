@@ -27,6 +27,7 @@ from common import modes
 from common.engine import HybridEngine, pick_token  # the sampler engine.generate uses
 from common.pic import compose_run, compose_segment, prefill_segments
 from common.pic.entry import dtype_name
+from common.pic.reuse import without_arenas
 from common.pic.runs import arrived_run
 from common.pic.seal import load_secret
 from common.rpc.abort import Abort
@@ -380,7 +381,7 @@ class CombineServicer(pb_grpc.CombineServicer):
             ex.runs.append(len(run))
             nxt = run.stop
         m.COMPOSITIONS.labels("layer" if lead == n else "mixed" if lead else "segment").inc()
-        yield state
+        yield without_arenas(state)
 
     async def _compose_arrived(self, state, entries: list, in_runs: bool, additive: bool, capacity: int,
                                timings: rpb.Timings):
