@@ -55,9 +55,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "running = before.recurrent if before is not None else torch.zeros_like(bodies[0].S)",
            "running = torch.zeros_like(bodies[0].S)",
            ("tests/test_compose_runs.py", "-k", "qwen3_5_text or kimi_linear")),
-    Mutant("run-seam-attends-past-itself", "common/pic/reuse.py",
+    Mutant("run-seam-attends-past-itself", "common/pic/reuse.py",  # the plain per-seam path (MLA)
            "end = start + (b - a)", "end = start + (b - a) + 1",
-           ("tests/test_compose_runs.py", "-k", "qwen3_5_text or kimi_linear")),
+           ("tests/test_compose_runs.py", "-k", "kimi_linear or bailing_hybrid")),
+    Mutant("run-seam-sees-its-own-future", "common/pic/reuse.py",  # the merged key-block path
+           "add(slice(a, b), *_FLASH(q[:, :, a:b], kd, vd, 0.0, True, scale=scale)[:2])",
+           "add(slice(a, b), *_FLASH(q[:, :, a:b], kd, vd, 0.0, False, scale=scale)[:2])",
+           ("tests/test_compose_runs.py", "-k", "qwen3_5_text or nemotron_h")),
+    Mutant("arena-extends-a-state-it-already-extended", "common/pic/reuse.py",
+           "self.length == before.keys.shape[2]", "self.length >= before.keys.shape[2]",
+           ("tests/test_compose_runs.py", "-k", "kept_state")),
     Mutant("conv-warmup-zeroed", "common/pic/reuse.py",
            "S_w = run_warmup(mixer, body, S_run, conv_before)",
            "S_w = run_warmup(mixer, body, S_run, None if conv_before is None else torch.zeros_like(conv_before))",
