@@ -17,13 +17,26 @@ segment i when it and all before it have arrived, at the measured per-segment co
 (seam recompute + body append), then prefills the query; the fixed overhead (router, lookup,
 transfers) is calibrated so the simulation matches the measured m = 1 cold TTFT, and the measured
 m = 2 TTFT is reported next to the simulated one as a check.
+
+Measured replay (`python -m bench.cold`, bench/results/cold_runs.json): the same 32k-token request
+on one process, one torch thread. Every segment's entry is really built (its build time is the
+observation the CostModel is fitted on); the arrival times of the builds on m workers come from
+that fitted model (m workers cannot run side by side on this machine); the combine is REPLAYED on
+a virtual clock with the real engine: each composition really runs and advances the clock by its
+measured time. Two combine policies on the same arrivals:
+- in_order: segment i composed once it and all before it are in (compose_segment), the old path;
+- runs: whenever the combine is free, the run of consecutive arrived segments from the next one
+  in one layer-major pass (compose_run), what services/combine does now.
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 from services.router.planner import CostModel, Job, Planner
 
@@ -74,18 +87,51 @@ class SimResult:
                     if sum(self.worker_busy_s) > 0 else 1.0)
 
 
-def simulate(lengths: Sequence[int], m: int, how: str, cost: CostModel,
-             compose_s: Callable[[int], float], query_s: float, overhead_s: float = 0.0) -> SimResult:
-    """Cold TTFT of one request whose segments are all misses (see the module docstring)."""
+def arrivals(lengths: Sequence[int], m: int, how: str, cost: CostModel) -> tuple[list[float], list[float]]:
+    """(arrival time of each segment's entry, busy time of each worker): each worker builds its
+    segments one after the other in request order, as a scatter worker does."""
     workers = partition(lengths, m, how, cost)
     t_free = [0.0] * m
     arrival = [0.0] * len(lengths)
-    for i, (L, w) in enumerate(zip(lengths, workers)):  # each worker in request order
+    for i, (L, w) in enumerate(zip(lengths, workers)):
         t_free[w] += cost.predict(L)
         arrival[i] = t_free[w]
+    return arrival, t_free
+
+
+def combine_in_order(lengths: Sequence[int], arrival: Sequence[float], compose_s: Callable[[int], float]) -> float:
+    """When the combine is done: segment i composed as soon as it and all before it are in."""
     t = 0.0
-    for i, L in enumerate(lengths):  # combine: in order, as soon as segment i and all before it are in
+    for i, L in enumerate(lengths):
         t = max(t, arrival[i]) + compose_s(L)
+    return t
+
+
+def combine_in_runs(arrival: Sequence[float], run_s: Callable[[range], float]) -> tuple[float, list[int]]:
+    """(when the combine is done, segments per pass): whenever it is free, the run of consecutive
+    segments already in from the next one, in one pass costing run_s(run) (services/combine)."""
+    t, nxt, n, runs = 0.0, 0, len(arrival), []
+    while nxt < n:
+        t = max(t, arrival[nxt])
+        end = nxt
+        while end < n and arrival[end] <= t:
+            end += 1
+        t += run_s(range(nxt, end))
+        runs.append(end - nxt)
+        nxt = end
+    return t, runs
+
+
+def simulate(lengths: Sequence[int], m: int, how: str, cost: CostModel,
+             compose_s: Callable[[int], float], query_s: float, overhead_s: float = 0.0,
+             run_s: Callable[[range], float] | None = None) -> SimResult:
+    """Cold TTFT of one request whose segments are all misses (see the module docstring): the
+    combine in order (compose_s per segment) or, given run_s, in arrived runs."""
+    arrival, t_free = arrivals(lengths, m, how, cost)
+    if run_s is None:
+        t = combine_in_order(lengths, arrival, compose_s)
+    else:
+        t, _ = combine_in_runs(arrival, run_s)
     return SimResult(m, how, overhead_s + t + query_s, max(arrival) if arrival else 0.0, t_free)
 
 
@@ -137,3 +183,252 @@ def plot(cold: dict, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ---- measured replay (python -m bench.cold) ----------------------------------------------------
+
+POLICIES = ("in_order", "runs")
+
+
+class Replay:
+    """The combine's compositions of one request, really run on `engine` on a virtual clock."""
+
+    def __init__(self, engine, entries):
+        self.engine, self.entries = engine, entries
+        self.passes: list[dict] = []  # per pass: segments, prefix tokens, run tokens, seconds
+
+    def _timed(self, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        return out, time.perf_counter() - t0
+
+    def run(self, arrival: Sequence[float], policy: str) -> tuple[float, list[int], Any]:
+        """(when the combine is done, segments per pass, the composed state)."""
+        from common.pic.reuse import compose_run, compose_segment
+
+        eng, entries = self.engine, self.entries
+        capacity = sum(e.n_tokens for e in entries)  # keys into one arena per layer, as combine does
+        state = eng.new_state()
+        self.passes = []
+
+        def run_s(run: range) -> float:
+            nonlocal state
+            prefix = state.seq_len
+            if policy == "in_order":
+                state, secs = self._timed(compose_segment, eng, state, entries[run.start])
+            else:
+                state, secs = self._timed(compose_run, eng, state, [entries[j] for j in run], capacity)
+            self.passes.append(dict(segments=len(run), prefix_tokens=prefix,
+                                    run_tokens=sum(entries[j].n_tokens for j in run), seconds=secs))
+            return secs
+
+        if policy == "in_order":  # one pass per segment, in prompt order
+            t = 0.0
+            for i in range(len(entries)):
+                t = max(t, arrival[i]) + run_s(range(i, i + 1))
+            runs = [1] * len(entries)
+        elif policy == "runs":
+            t, runs = combine_in_runs(arrival, run_s)
+        else:
+            raise ValueError(f"unknown policy {policy!r}")
+        return t, runs, state
+
+
+def measure(model: Path, tokens: int, seed: int, ms: Sequence[int], seam: int, overhead_s: float,
+            query_len: int = 4, reps: int = 2) -> dict:
+    """Builds measured and fitted, combine replayed per policy, m and partitioning (module docstring)."""
+    import random
+
+    import torch
+
+    from bench.workloads import skewed_lengths
+    from common.engine import HybridEngine
+    from common.pic.reuse import build_entry
+
+    torch.set_num_threads(1)
+    engine = HybridEngine.from_pretrained(model)
+    lengths = skewed_lengths(tokens, seed=seed * 1000 + 8, lo=128, hi=4096)
+    rng = random.Random(seed)
+    segs = [[rng.randrange(engine.vocab_size) for _ in range(L)] for L in lengths]
+    query = [rng.randrange(engine.vocab_size) for _ in range(query_len)]
+    build_entry(engine, segs[0][:64], seam)  # warm-up
+    entries = []
+    build_s = [math.inf] * len(segs)
+
+    def time_builds() -> None:  # each build: the faster of two passes (the machine is shared)
+        for i, s in enumerate(segs):
+            t0 = time.perf_counter()
+            e = build_entry(engine, s, seam)
+            build_s[i] = min(build_s[i], time.perf_counter() - t0)
+            if len(entries) < len(segs):
+                entries.append(e)
+
+    time_builds()
+    time_builds()
+    builds = list(zip(lengths, build_s))
+    cost = fit_cost_model(builds)
+    rep = Replay(engine, entries)
+    rows, passes, query_s = [], {}, []
+    for policy in POLICIES:
+        for how in PARTITIONS:
+            for m in ms:
+                arrival, t_free = arrivals(lengths, m, how, cost)
+                trials = []
+                for _ in range(reps):  # the machine is shared: the faster of `reps` replays
+                    done, runs, state = rep.run(arrival, policy)
+                    trials.append((done, runs, list(rep.passes)))
+                done, runs, ps = min(trials, key=lambda x: x[0])
+                passes[f"{policy}/{how}/{m}"] = ps
+                rows.append(dict(policy=policy, partition=how, m=m, combine_done_s=done, runs=runs,
+                                 makespan_s=max(arrival), worker_busy_s=t_free,
+                                 compose_total_s=sum(p["seconds"] for p in ps),
+                                 tail_after_last_arrival_s=done - max(arrival)))
+        for _ in range(3):
+            t0 = time.perf_counter()
+            engine.forward(query, state)
+            query_s.append(time.perf_counter() - t0)
+    q = min(query_s)
+    for r in rows:
+        base = next(x for x in rows if x["policy"] == r["policy"] and x["partition"] == "lpt" and x["m"] == 1)
+        old1 = next(x for x in rows if x["policy"] == "in_order" and x["partition"] == "lpt" and x["m"] == 1)
+        for tag, ov in (("", overhead_s), ("_compute_only", 0.0)):
+            r[f"ttft{tag}_s"] = ov + r["combine_done_s"] + q
+            r[f"speedup_vs_m1{tag}"] = (ov + base["combine_done_s"] + q) / r[f"ttft{tag}_s"]
+            r[f"speedup_vs_in_order_m1{tag}"] = (ov + old1["combine_done_s"] + q) / r[f"ttft{tag}_s"]
+    all_passes = [p for key, ps in passes.items() if key.startswith("runs/") for p in ps]
+    fit = fit_run_cost(all_passes)
+    fitted = []  # the same table from the fitted costs alone (the old simulation's form)
+    t1 = simulate(lengths, 1, "lpt", cost, lambda L: 0.0, q, overhead_s, run_s=run_cost(fit, lengths)).ttft_s
+    for how in PARTITIONS:
+        for m in ms:
+            r = simulate(lengths, m, how, cost, lambda L: 0.0, q, overhead_s, run_s=run_cost(fit, lengths))
+            fitted.append(dict(r.as_dict(), speedup_vs_m1=t1 / r.ttft_s,
+                               makespan_speedup_vs_m1=max(arrivals(lengths, 1, "lpt", cost)[0]) / r.makespan_s))
+    a, b, c = cost.coefficients
+    return dict(
+        run_cost_fit=dict(fit, form="pass_s + per_seam_s*k + per_seam_per_1k_keys_s*k*(prefix + run/2)/1000 "
+                                    "+ per_1k_run_tokens_s*run/1000", passes=len(all_passes)),
+        simulated_from_fits=dict(label="SIMULATED from the fitted build and run costs alone", rows=fitted),
+        label="SIMULATED arrivals (m workers from the measured, fitted build costs); combine REPLAYED: "
+              "every composition really run and timed on this machine",
+        model=str(model), threads=1, seam=seam, prompt_tokens=sum(lengths) + len(query), lengths=lengths,
+        cost_model=dict(a_s=a, b_s_per_token=b, c_s_per_token2=c, observations=builds),
+        build_sum_s=sum(t for _, t in builds), query_s=q, overhead_s=overhead_s,
+        overhead_note="router, lookup and transfers: the fixed overhead calibrated on the mesh's m = 1 cold "
+                      "TTFT (bench/results/cold.json); *_compute_only rows leave it out",
+        rows=rows, passes=passes)
+
+
+RUN_FEATURES = ("pass_s", "per_seam_s", "per_seam_per_1k_keys_s", "per_1k_run_tokens_s")
+
+
+def _run_features(k: int, prefix: int, run_tokens: int) -> list[float]:
+    # a pass; each seam (fixed work: its tokens through every layer); each seam's attention over
+    # the keys before it (~ prefix + half the run); the run's bodies (keys laid out, states composed)
+    return [1.0, float(k), k * (prefix + run_tokens / 2) / 1000.0, run_tokens / 1000.0]
+
+
+def fit_run_cost(passes: Sequence[dict]) -> dict[str, float]:
+    """Least squares fit, coefficients >= 0 (a negative one is dropped and the rest refitted),
+    of a pass's measured seconds on _run_features. Minimises relative error (weights 1/t)."""
+    import numpy as np
+
+    X = np.array([_run_features(p["segments"], p["prefix_tokens"], p["run_tokens"]) for p in passes])
+    y = np.array([p["seconds"] for p in passes])
+    w = 1.0 / np.maximum(y, 1e-6)
+    keep = list(range(X.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(X[:, keep] * w[:, None], y * w, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = [0.0] * X.shape[1]
+    for j, c in zip(keep, coef):
+        full[j] = max(float(c), 0.0)
+    return dict(zip(RUN_FEATURES, full))
+
+
+def run_cost(fit: dict[str, float], lengths: Sequence[int]) -> Callable[[range], float]:
+    """run_s for `simulate` from a fit_run_cost fit (prefix tokens from the lengths before)."""
+    starts = [0]
+    for L in lengths:
+        starts.append(starts[-1] + L)
+    coef = [fit[k] for k in RUN_FEATURES]
+
+    def run_s(run: range) -> float:
+        x = _run_features(len(run), starts[run.start], starts[run.stop] - starts[run.start])
+        return sum(c * v for c, v in zip(coef, x))
+    return run_s
+
+
+def measure_mesh(model: Path, reps: int, cold_tokens: int) -> dict:
+    """Real cold requests through a mesh of our own (bench/serve.py's cold path: fresh documents
+    on m = 2 scatter workers, full recompute of the same prompts, then m = 1)."""
+    import tempfile
+
+    from bench import serve as S
+    from hypic.launcher import Mesh
+
+    args = S.parse_args(["--model", str(model), "--cold-reps", str(reps), "--cold-tokens", str(cold_tokens)])
+    with tempfile.TemporaryDirectory(prefix="hypic-bench-cold-") as d:
+        with Mesh(model, Path(d), n_scatter=2, threads=1, start_timeout_s=300,
+                  extra_args={"router": ["--max-prompt-tokens", str(max(32768, cold_tokens + 64))]}) as mesh:
+            return S.cold_path(mesh, S.Encoder(model), args)
+
+
+def _default_overhead() -> float:
+    p = Path(__file__).resolve().parent / "results" / "cold.json"
+    try:
+        return float(json.loads(p.read_text())["simulated"]["overhead_s"])
+    except (OSError, KeyError, ValueError):
+        return 0.0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import argparse
+
+    from hypic.launcher import DEFAULT_MODEL
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--seam", type=int, default=8)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--overhead-s", type=float, default=None,
+                    help="fixed mesh overhead added to every TTFT (default: bench/results/cold.json's)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "cold_runs.json")
+    ap.add_argument("--mesh", action="store_true",
+                    help="also measure real cold requests through a mesh (m = 2, then m = 1; bench/serve.py)")
+    ap.add_argument("--mesh-reps", type=int, default=3)
+    ap.add_argument("--mesh-tokens", type=int, default=8192)
+    args = ap.parse_args(argv)
+    if args.mesh:
+        mesh = measure_mesh(args.model, args.mesh_reps, args.mesh_tokens)
+        path = args.out.with_name(args.out.stem + "_mesh.json")
+        path.write_text(json.dumps(mesh, indent=1))
+        print(f"wrote {path}")
+        if args.overhead_s is None:  # this run's own calibration
+            args.overhead_s = mesh["simulated"]["overhead_s"]
+    overhead = _default_overhead() if args.overhead_s is None else args.overhead_s
+    res = measure(args.model, args.tokens, args.seed, args.ms, args.seam, overhead, reps=args.reps)
+    print(f"{res['prompt_tokens']} tokens in {len(res['lengths'])} segments; builds {res['build_sum_s']:.2f} s; "
+          f"query {res['query_s'] * 1e3:.1f} ms; overhead {overhead * 1e3:.0f} ms")
+    for policy in POLICIES:
+        for how in PARTITIONS:
+            cells = "  ".join(f"m={r['m']}: {r['ttft_s']:5.2f} s x{r['speedup_vs_m1']:.2f} "
+                              f"(tail {r['tail_after_last_arrival_s'] * 1e3:.0f} ms)"
+                              for r in res["rows"] if r["policy"] == policy and r["partition"] == how)
+            print(f"  {policy:<8} {how:<11} {cells}")
+    fit = res["run_cost_fit"]
+    print("  run cost fit: " + ", ".join(f"{k} {fit[k] * 1e3:.3f} ms" for k in RUN_FEATURES))
+    cells = "  ".join(f"m={r['m']}: {r['ttft_s']:5.2f} s x{r['speedup_vs_m1']:.2f}"
+                      for r in res["simulated_from_fits"]["rows"] if r["partition"] == "lpt")
+    print(f"  fitted   lpt         {cells}")
+    args.out.write_text(json.dumps(res, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -187,3 +187,28 @@ def test_prefix_replay_counts_segment_aligned_prefixes(tmp_path):
     small = PrefixReplay(enc, enc.state_bytes(25))     # room for about one state: LRU evicts
     small.request("rag", req([1, 2, 3]))
     assert small.request("rag", req([1, 9])) == 0
+
+
+def test_combine_in_runs_against_in_order(fresh_seed):
+    """The simulated combine policies (bench/cold.py): with a pass costing exactly its segments'
+    in-order costs the two agree; with a fixed cost per pass, runs finish no later; runs cover
+    the prompt in order."""
+    import random
+
+    rng = random.Random(fresh_seed)
+    for _ in range(200):
+        n = rng.randint(1, 20)
+        arrival = [rng.uniform(0, 1) for _ in range(n)]
+        lengths = [rng.randint(1, 100) for _ in range(n)]
+        per = {L: rng.uniform(0.001, 0.05) for L in lengths}
+        in_order = C.combine_in_order(lengths, arrival, lambda L: per[L])
+        # a run composed at once but charged per segment: the same finish (segments that were
+        # in before the run began are composed back to back either way)
+        t, runs = C.combine_in_runs(arrival, lambda r: sum(per[lengths[i]] for i in r))
+        assert sum(runs) == n and all(k >= 1 for k in runs)
+        assert t <= in_order + 1e-9
+        fixed = C.combine_in_runs(arrival, lambda r: 0.02 + 0.001 * len(r))[0]
+        assert fixed <= C.combine_in_order(lengths, arrival, lambda L: 0.021) + 1e-9
+    # all in at once: one run
+    assert C.combine_in_runs([0.0] * 5, lambda r: 1.0) == (1.0, [5])
+    assert C.combine_in_runs([0.3, 0.1, 0.2], lambda r: 0.0) == (0.3, [3])

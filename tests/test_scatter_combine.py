@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -394,7 +395,8 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     assert all(s.worker.startswith("scatter@") and s.build_s > 0 for s in cold.segments)
     t = cold.timings[0]
     assert t.misses == 3 and t.hits == 0 and t.prompt_tokens == 135 and t.ttft_s > 0
-    assert t.compose_s > 0 and t.seams_s > 0 and t.query_prefill_s > 0 and t.scatter_s > 0
+    # arrived runs: each pass layer-major, its seams inside compose_s
+    assert t.compose_s > 0 and t.seams_s == 0 and t.query_prefill_s > 0 and t.scatter_s > 0
     # the request id travelled combine -> scatter (metadata and BuildRequest)
     assert '"request_id": "rid-cold-mesh"' in mesh.scatter.log()
 
@@ -415,7 +417,7 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     # metrics: stage histograms and segments by source
     body = urllib.request.urlopen(f"http://127.0.0.1:{mesh.combine.info['metrics_port']}/metrics",
                                   timeout=10).read().decode()
-    assert 'hypic_combine_stage_seconds_bucket{le="0.001",stage="compose"}' in body
+    assert 'hypic_combine_stage_seconds_bucket{le="0.001",stage="compose_run"}' in body
     assert 'hypic_combine_segments_total{source="scatter",via="grpc"} 3.0' in body
     assert 'hypic_combine_segments_total{source="segcache"' in body
 
@@ -481,7 +483,7 @@ def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
     assert compositions(mesh.combine) == (layer0 + 2, mixed0, segment0 + 1)
 
 
-def test_combine_plan_with_misses_composes_segment_major(mesh, engine):
+def test_combine_plan_with_misses_composes_as_they_arrive(mesh, engine):
     segs, query = prompt(14, (27, 12, 33))
     layer0, mixed0, segment0 = compositions(mesh.combine)
     # all misses (built by scatter, and stored)
@@ -489,8 +491,10 @@ def test_combine_plan_with_misses_composes_segment_major(mesh, engine):
     cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER),
                         metadata=[("x-request-id", "rid-cold-segment")]))
     assert_matches(cold, ref_logits, ref_tokens, len(segs))
-    assert cold.timings[0].misses == len(segs) and cold.timings[0].seams_s > 0
-    assert executed_line(mesh.combine, "rid-cold-segment")["compose_order"] == "segment"
+    assert cold.timings[0].misses == len(segs) and cold.timings[0].compose_s > 0
+    executed = executed_line(mesh.combine, "rid-cold-segment")
+    # runs of whatever had arrived, in prompt order (arrival timing decides their sizes)
+    assert executed["compose_order"] == "segment" and sum(executed["compose_runs"]) == len(segs)
     assert compositions(mesh.combine) == (layer0, mixed0, segment0 + 1)
     # a planned miss first: nothing to compose layer-major before it, so all as they arrive
     fresh0, fresh1 = prompt(15, (16, 21))[0]
@@ -501,11 +505,12 @@ def test_combine_plan_with_misses_composes_segment_major(mesh, engine):
     ans = arun(execute(mesh.combine.target, plan, metadata=[("x-request-id", "rid-miss-first")]))
     assert_matches(ans, ref_logits, ref_tokens, len(segs2))
     assert ans.sources() == [cpb.SOURCE_SCATTER] + [cpb.SOURCE_SEGCACHE] * 3
-    assert ans.timings[0].hits == 3 and ans.timings[0].seams_s > 0
-    assert executed_line(mesh.combine, "rid-miss-first")["compose_order"] == "segment"
+    assert ans.timings[0].hits == 3
+    executed = executed_line(mesh.combine, "rid-miss-first")
+    assert executed["compose_order"] == "segment" and sum(executed["compose_runs"]) == len(segs2)
     assert compositions(mesh.combine) == (layer0, mixed0, segment0 + 2)
     # hits, a planned miss, a hit: the leading two hits in one layer-major pass, then the miss
-    # and the last hit segment by segment (their seams are recomputed: seams_s > 0)
+    # and the last hit as they arrive
     segs3 = segs[:2] + [fresh1] + segs[2:]
     plan = make_plan(engine, mesh, segs3, query, cpb.SOURCE_SEGCACHE)
     plan.segments[2].source = cpb.SOURCE_SCATTER
@@ -513,8 +518,10 @@ def test_combine_plan_with_misses_composes_segment_major(mesh, engine):
     ans = arun(execute(mesh.combine.target, plan, metadata=[("x-request-id", "rid-mixed")]))
     assert_matches(ans, ref_logits, ref_tokens, len(segs3))
     assert ans.sources() == [cpb.SOURCE_SEGCACHE] * 2 + [cpb.SOURCE_SCATTER, cpb.SOURCE_SEGCACHE]
-    assert ans.timings[0].hits == 3 and ans.timings[0].seams_s > 0
-    assert executed_line(mesh.combine, "rid-mixed")["compose_order"] == "mixed"
+    assert ans.timings[0].hits == 3
+    executed = executed_line(mesh.combine, "rid-mixed")
+    assert executed["compose_order"] == "mixed" and executed["compose_runs"][0] == 2
+    assert sum(executed["compose_runs"]) == len(segs3)
     assert compositions(mesh.combine) == (layer0, mixed0 + 1, segment0 + 2)
 
 
@@ -534,6 +541,79 @@ def test_combine_additive_all_hits_stays_segment_major(mesh, engine):
     assert compositions(mesh.combine) == (layer0, mixed0, segment0 + 2)
     executed = executed_line(mesh.combine, "rid-warm-additive")
     assert executed["compose_order"] == "segment" and executed["mode"] == "additive"
+
+
+class GatedScatter(spb_grpc.ScatterServicer):
+    """A scatter worker that builds real entries (this process's engine, sealed with the mesh's
+    secret) and answers segment i only `delay_s[i]` after its call began: arrival orders chosen
+    by the test."""
+
+    def __init__(self, engine, segs, delay_s):
+        self.engine, self.delay_s = engine, delay_s
+        self.index = {tuple(s): i for i, s in enumerate(segs)}
+
+    async def Build(self, request, context):
+        t0 = time.perf_counter()
+        i = self.index[tuple(request.token_ids)]
+        data = seal(self.engine.build_entry(list(request.token_ids), request.seam).to_bytes(), SECRET)
+        await asyncio.sleep(max(0.0, self.delay_s[i] - (time.perf_counter() - t0)))
+        header = spb.BuildHeader(key=request.key, size=len(data), worker="gated", checksum=checksum(data))
+        yield spb.BuildResponse(header=header, data=data)
+
+
+async def execute_gated(engine, mesh, target, segs, query, delay_s, rid):
+    server = grpc.aio.server()
+    spb_grpc.add_ScatterServicer_to_server(GatedScatter(engine, segs, delay_s), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER, scatter=[f"127.0.0.1:{port}"],
+                         store_entries=False)
+        return await execute(target, plan, metadata=[("x-request-id", rid)])
+    finally:
+        await server.stop(0)
+
+
+def test_combine_composes_arrived_runs_equal_to_segment_major(mesh, engine, model_dir, fresh_seed):
+    """Entries arriving in random orders are composed in runs of consecutive arrived segments:
+    the same logits and tokens as the in-process reference and as a worker composing segment by
+    segment (--compose-order segment, the plain path)."""
+    rng = random.Random(fresh_seed)
+    seg_worker = mesh.start("combine-runs-ref", "services.combine", "--model", str(model_dir),
+                            "--threads", "1", "--compose-order", "segment",
+                            "--entry-key-file", str(mesh.tmp / "entry.key"))
+    lengths = [rng.choice([3, 7, 9, 13]) if rng.random() < 0.3 else rng.randint(15, 70) for _ in range(7)]
+    segs, query = prompt(fresh_seed % 100_000 + 1000, lengths)
+    ref_logits, ref_tokens = reference(engine, segs, query)
+    n = len(segs)
+    # segment 0 last, well after the others: when it arrives everything is in hand, one run of n
+    delays = [1.2] + [rng.uniform(0.0, 0.4) for _ in range(n - 1)]
+    ans = arun(execute_gated(engine, mesh, mesh.combine.target, segs, query, delays, f"rid-runs-{fresh_seed}"))
+    assert_matches(ans, ref_logits, ref_tokens, n)
+    assert ans.sources() == [cpb.SOURCE_SCATTER] * n and ans.timings[0].seams_s == 0
+    assert executed_line(mesh.combine, f"rid-runs-{fresh_seed}")["compose_runs"] == [n]
+    # random arrival orders in batches a quarter second apart: runs of whatever is in hand
+    seg_worker.wait()
+    for k in range(2):
+        order = list(range(n))
+        rng.shuffle(order)
+        delays = [0.0] * n
+        t, j = 0.0, 0
+        while j < n:
+            step = rng.randint(1, 3)
+            for i in order[j:j + step]:
+                delays[i] = t
+            t, j = t + 0.25, j + step
+        rid = f"rid-runs-{fresh_seed}-{k}"
+        ans = arun(execute_gated(engine, mesh, mesh.combine.target, segs, query, delays, rid))
+        seg = arun(execute_gated(engine, mesh, seg_worker.target, segs, query, delays, rid + "-ref"))
+        assert_matches(ans, ref_logits, ref_tokens, n)
+        assert_matches(seg, ref_logits, ref_tokens, n)
+        assert float((ans.logits - seg.logits).abs().max()) < TOL and ans.token_ids == seg.token_ids
+        runs = executed_line(mesh.combine, rid)["compose_runs"]
+        assert sum(runs) == n and all(r >= 1 for r in runs)
+        assert executed_line(seg_worker, rid + "-ref")["compose_runs"] == [1] * n
+    assert seg_worker.terminate() == 0
 
 
 def test_compose_order_config(monkeypatch, capsys):

@@ -16,12 +16,13 @@ from common.pic.entry import (
 )
 from common.pic.prefix import PrefixCache, chain_keys, forward_segments
 from common.pic.protocol import PicEngine
-from common.pic.reuse import BuildCancelled, build_entry, compose_segment, prefill_layer_major, prefill_segment_major
+from common.pic.reuse import (BuildCancelled, build_entry, compose_run, compose_segment, prefill_layer_major,
+                              prefill_segment_major)
 from common.state import ModelState, PrefillOutput
 
 __all__ = [
     "MODES", "AttentionBody", "BuildCancelled", "EntryError", "EntryMismatch", "LinearBody", "PicEngine", "PrefixCache",
-    "SegmentEntry", "build_entry", "compose_segment", "prefill_layer_major", "prefill_segment_major",
+    "SegmentEntry", "build_entry", "compose_run", "compose_segment", "prefill_layer_major", "prefill_segment_major",
     "prefill_segments", "segment_key",
 ]
 

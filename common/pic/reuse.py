@@ -16,13 +16,16 @@ layer together; a linear layer computes every seam's (T, S|0) at once, runs the 
 compositions over segments, then all seam outputs from their incoming states; an attention layer
 lays the seam keys out between the cached bodies and masks by real position. Both orders give
 the same numbers (tests hold them to float round-off).
+
+Runs (`compose_run`): the layer-major pass over a run of consecutive segments continuing from a
+composed prefix state — what a combine worker does with the segments that arrived while it was
+busy. `compose_run(engine, S, [e_i .. e_j])` equals `prefill_segment_major(engine, [e_i .. e_j], S)`.
 """
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from common.layers.attention import attention_values, causal_attention
 from common.models.base import ForwardContext
@@ -281,10 +284,15 @@ class SeamPlan:
     """All seams of all segments through the stack in one pass per layer (a
     common.models.base.LayerPlan: the model hands it every token mixer call)."""
 
-    def __init__(self, model, entries: list[SegmentEntry], device):
+    def __init__(self, model, entries: list[SegmentEntry], device, prefix: ModelState | None = None,
+                 capacity: int | None = None):
         self.model = model
         self.entries = entries
-        self.starts, pos, seam_pos, spans = [], 0, [], []
+        self.prefix = prefix  # the composed state the run continues from (None: the prompt's start)
+        self.capacity = capacity  # the prompt's final length, when known: keys go into a KVArena
+        self.arenas: dict[int, KVArena] = dict(prefix.extra.get(ARENAS, {})) if prefix is not None else {}
+        p0 = 0 if prefix is None else prefix.seq_len
+        self.starts, pos, seam_pos, spans = [], p0, [], []
         for e in entries:
             self.starts.append(pos)
             spans.append((len(seam_pos), len(seam_pos) + e.seam_len))
@@ -295,9 +303,16 @@ class SeamPlan:
         self.seam_positions = torch.tensor(seam_pos, dtype=torch.long, device=device)
 
     # attention layers: seam keys between the cached bodies, masked by real position
+    def _prefix_layer(self, i: int):
+        return None if self.prefix is None else self.prefix.layers[i]
+
     def attend(self, q, k, v, scale, ctx):
         mixer = self.model.layers[ctx.layer].mixer
         keys, values = [], []
+        before = self._prefix_layer(ctx.layer)
+        if before is not None:  # the prefix's keys, already at their real positions 0 .. p0-1
+            keys.append(before.keys.to(k.dtype))
+            values.append(before.values.to(v.dtype))
         for e, (a, b), start in zip(self.entries, self.spans, self.starts):
             keys.append(k[:, :, a:b])
             values.append(v[:, :, a:b])
@@ -305,15 +320,76 @@ class SeamPlan:
             if body is not None and body.keys.shape[2]:
                 keys.append(mixer.rerotate(body.keys.to(k.dtype), start))
                 values.append(body.values.to(v.dtype))
-        K_all, V_all = torch.cat(keys, 2), torch.cat(values, 2)
-        kpos = torch.arange(self.total, device=q.device)
-        mask = kpos[None, :] <= self.seam_positions[:, None]
-        n_rep = q.shape[1] // K_all.shape[1]
+        p0 = 0 if before is None else before.keys.shape[2]
+        K_all, V_all = self._lay_out(ctx.layer, before, keys, values)
         V_use = attention_values(mixer, K_all, V_all)
-        Kr = K_all.repeat_interleave(n_rep, 1) if n_rep > 1 else K_all
-        Vr = V_use.repeat_interleave(n_rep, 1) if n_rep > 1 else V_use
-        o = F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=mask, scale=scale)
-        return o.transpose(1, 2), AttentionLayerState(K_all, V_all)
+        if _FLASH is not None and q.device.type == "cpu" and q.shape[-1] == V_use.shape[-1]:
+            o = self._attend_merged(q, K_all, V_use, p0, scale)
+        else:
+            o = self._attend_per_seam(q, K_all, V_use, scale)
+        return o, AttentionLayerState(K_all, V_all)
+
+    def _lay_out(self, layer: int, before, keys: list, values: list):
+        """This layer's keys and values after the run: written after the prefix's in the
+        prompt's arena when the prefix is the arena's latest state (no copy of the prefix),
+        else concatenated."""
+        if self.capacity is not None and self.capacity >= self.total:
+            arena = self.arenas.get(layer)
+            if arena is None or not arena.continues(before, self.capacity):
+                skip = 1 if before is not None else 0  # the prefix goes in as one piece
+                arena = KVArena(before, keys[skip:], values[skip:], self.capacity)
+                self.arenas[layer] = arena
+                return arena.extend(keys[skip:], values[skip:])
+            return arena.extend(keys[1:], values[1:])
+        return torch.cat(keys, 2), torch.cat(values, 2)
+
+    def _attend_per_seam(self, q, K_all, V_use, scale):
+        """The plain form: each seam attends to every key before it and causally to itself, one
+        causal attention with an offset per seam (no [seams, keys] mask, which SDPA would turn
+        into a float mask and compute in full). [B, Ws, Hq, Dv]"""
+        outs = []
+        for (a, b), start in zip(self.spans, self.starts):
+            if b > a:
+                end = start + (b - a)
+                outs.append(causal_attention(q[:, :, a:b], K_all[:, :, :end], V_use[:, :, :end], scale))
+        return torch.cat(outs, 1)
+
+    def _attend_merged(self, q, K_all, V_use, p0: int, scale):
+        """The same attention in blocks of keys merged by log-sum-exp (CPU flash kernel), each
+        block read once: the composed prefix's keys by every seam of the run in one call; each
+        segment of the run (its seam and body keys) by the seams after it in one call; each
+        seam's own keys causally. [B, Ws, Hq, Dv]"""
+        B, Hq, Ws, D = q.shape
+        Hkv = K_all.shape[1]
+        n_rep = Hq // Hkv
+        acc_o = q.new_zeros(B, Hq, Ws, V_use.shape[-1], dtype=torch.float32)
+        acc_lse = q.new_full((B, Hq, Ws), float("-inf"), dtype=torch.float32)
+
+        def add(rows: slice, o, lse):
+            lse = lse.float()
+            new = torch.logaddexp(acc_lse[:, :, rows], lse)
+            acc_o[:, :, rows] = (acc_o[:, :, rows] * (acc_lse[:, :, rows] - new).exp()[..., None]
+                                 + o.float() * (lse - new).exp()[..., None])
+            acc_lse[:, :, rows] = new
+
+        def grouped(rows: slice, k0: int, k1: int):  # rows of q over keys k0..k1-1, no mask
+            T = rows.stop - rows.start
+            o, lse = _FLASH(q[:, :, rows].reshape(B, Hkv, n_rep * T, D), K_all[:, :, k0:k1],
+                            V_use[:, :, k0:k1], 0.0, False, scale=scale)[:2]
+            add(rows, o.reshape(B, Hq, T, -1), lse.reshape(B, Hq, T))
+
+        if p0 > 0:
+            grouped(slice(0, Ws), 0, p0)
+        for j, ((a, b), start) in enumerate(zip(self.spans, self.starts)):
+            end = self.starts[j + 1] if j + 1 < len(self.starts) else self.total
+            if b < Ws and end > start:  # this segment's keys, for every later seam
+                grouped(slice(b, Ws), start, end)
+            if b > a:  # its own seam, causally
+                kd, vd = K_all[:, :, start:start + b - a], V_use[:, :, start:start + b - a]
+                if n_rep > 1:
+                    kd, vd = kd.repeat_interleave(n_rep, 1), vd.repeat_interleave(n_rep, 1)
+                add(slice(a, b), *_FLASH(q[:, :, a:b], kd, vd, 0.0, True, scale=scale)[:2])
+        return acc_o.to(q.dtype).transpose(1, 2)
 
     # linear layers: batched seam summaries, a short scan, batched seam outputs
     def run_linear(self, mixer, x, ctx):
@@ -322,7 +398,8 @@ class SeamPlan:
         bodies = [e.layers[i] for e in self.entries]
         u = mixer.conv_inputs(x)  # [1, Ws, C]
         C = u.shape[-1]
-        run_conv = u.new_zeros(1, C, max(c - 1, 0))
+        before = self._prefix_layer(i)
+        run_conv = _full_conv(before.conv if before is not None else None, u.new_zeros(1, C, max(c - 1, 0)))
         tails_in, conv_after_seam = [], []
         for (a, b), body in zip(self.spans, bodies):
             tails_in.append(run_conv)
@@ -345,7 +422,7 @@ class SeamPlan:
         if beta is not None:
             beta = beta.masked_fill(pad[:, :, None], 0)
         seams = segment_summary(mixer.family, k, v, g=g, beta=beta)
-        running = torch.zeros_like(bodies[0].S)
+        running = before.recurrent if before is not None else torch.zeros_like(bodies[0].S)
         incoming = []
         for j, body in enumerate(bodies):
             incoming.append(running)
@@ -359,14 +436,90 @@ class SeamPlan:
         return y, LinearLayerState(run_conv if c > 1 else None, running)
 
 
+ARENAS = "kv_arenas"  # ModelState.extra: per attention layer, the KVArena its keys live in
+
+
+class KVArena:
+    """One attention layer's keys and values of a prompt being composed run by run, allocated
+    once at the prompt's final length: each run writes its keys after the prefix's, where a
+    concatenation would copy the whole prefix again for every run. A state's keys are a view of
+    the first `length` positions. Only the arena's latest state may be extended in place (like
+    appending to a shared slice): continuing from an older state again gets a fresh arena, so a
+    state a caller kept is never overwritten."""
+
+    def __init__(self, before, keys: list, values: list, capacity: int):
+        ref_k = before.keys if before is not None else keys[0]
+        ref_v = before.values if before is not None else values[0]
+        B, H, _, Dk = ref_k.shape
+        self.keys = ref_k.new_empty(B, H, capacity, Dk)
+        self.values = ref_v.new_empty(B, ref_v.shape[1], capacity, ref_v.shape[-1])
+        self.length = 0
+        if before is not None:
+            self.extend([before.keys], [before.values])
+
+    def continues(self, before, capacity: int) -> bool:
+        """Whether `before` is this arena's latest state (and the arena is large enough)."""
+        return (before is not None and self.keys.shape[2] >= capacity and self.length == before.keys.shape[2]
+                and before.keys.data_ptr() == self.keys.data_ptr() and before.keys.dtype == self.keys.dtype)
+
+    def extend(self, keys: list, values: list):
+        """Write these pieces after the current end; (keys, values) views up to the new end."""
+        for k, v in zip(keys, values):
+            n = k.shape[2]
+            self.keys[:, :, self.length:self.length + n] = k
+            self.values[:, :, self.length:self.length + n] = v
+            self.length += n
+        return self.keys[:, :, :self.length], self.values[:, :, :self.length]
+
+
+def without_arenas(state: ModelState) -> ModelState:
+    """The state once composition is over: its keys stay views of the arenas, but the state no
+    longer carries them along (a query or decode step concatenates new keys; the arena buffers
+    are then freed with the last view instead of living on in every later state's extra)."""
+    if ARENAS not in state.extra:
+        return state
+    extra = {k: v for k, v in state.extra.items() if k != ARENAS}
+    return ModelState(layers=state.layers, seq_len=state.seq_len, extra=extra)
+
+
+# The CPU flash kernel returns the log-sum-exp beside the output: attention over disjoint key
+# ranges merges exactly (common.layers.attention uses it the same way).
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def _full_conv(conv: torch.Tensor | None, zeros: torch.Tensor) -> torch.Tensor:
+    """A conv tail of the full kernel-1 width: a shorter one (a prompt that began fewer than
+    kernel-1 tokens ago) is left-padded with the zeros every prompt starts from."""
+    if conv is None:
+        return zeros
+    short = zeros.shape[-1] - conv.shape[-1]
+    return torch.cat([zeros[..., :short], conv.to(zeros.dtype)], -1) if short > 0 else conv.to(zeros.dtype)
+
+
 @torch.inference_mode()
 def prefill_layer_major(engine: PicEngine, entries: list[SegmentEntry]) -> ModelState:
+    """State after every segment, all seams through each layer together, from the empty state."""
+    return compose_run(engine, engine.new_state(), entries)
+
+
+@torch.inference_mode()
+def compose_run(engine: PicEngine, state: ModelState, entries: list[SegmentEntry],
+                capacity: int | None = None) -> ModelState:
+    """Extend `state` (not mutated) by a run of consecutive segments in one layer-major pass:
+    the same numbers as composing them one by one (`prefill_segment_major(engine, entries, state)`,
+    the reference), with one forward call for all their seams instead of one per segment.
+    capacity: the prompt's final length when the caller knows it (a combine worker does): the
+    attention keys then live in one KVArena per layer, extended in place run after run."""
+    if not entries:
+        return state
     if not any(e.seam_len for e in entries):
-        return prefill_segment_major(engine, entries)
+        return prefill_segment_major(engine, entries, state)
     model = engine.model
-    plan = SeamPlan(model, entries, engine.device)
+    plan = SeamPlan(model, entries, engine.device, prefix=state, capacity=capacity)
     ids = [t for e in entries for t in e.seam_tokens]
     ctx = ForwardContext(positions=plan.seam_positions, plan=plan)
     x = torch.tensor([ids], dtype=torch.long, device=engine.device)
-    _, state = model(x, engine.new_state(), ctx=ctx, seq_len_after=plan.total)
-    return state
+    _, out = model(x, state, ctx=ctx, seq_len_after=plan.total)
+    if plan.arenas:
+        out.extra[ARENAS] = plan.arenas
+    return out

@@ -38,9 +38,10 @@ class CombineConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
     max_new_tokens: int = field(default=4096, metadata=_h("largest max_tokens accepted"))
     warmup: bool = field(default=True, metadata=_h("run one small prompt before serving"))
     compose_order: str = field(default="auto", metadata=_h(
-        "auto: a hypic plan whose segments are all segcache hits waits for every entry and "
-        "composes them in one layer-major pass; other plans compose segment by segment as "
-        "entries arrive | segment: always segment by segment"))
+        "auto: a hypic plan's leading run of segcache hits waits for every entry of it and "
+        "composes them in one layer-major pass; the rest compose as entries arrive, each run of "
+        "consecutive segments in hand in one layer-major pass | segment: always segment by "
+        "segment, in prompt order (the plain reference)"))
     # --- network -------------------------------------------------------------------------
     host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
     port: int = field(default=50081, metadata=_h("gRPC port; 0 = ephemeral"))

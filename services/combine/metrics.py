@@ -13,6 +13,7 @@ from common.rpc.metrics import LATENCY_BUCKETS
 # stage: fetch (one segcache read), build (one scatter/local build wait), compose (body
 # composition of one segment), seams (seam recompute of one segment), compose_layer_major (one
 # layer-major pass over every segment: seams and bodies interleave there, so it is not split),
+# compose_run (one layer-major pass over a run of two or more arrived segments, seams inside),
 # query_prefill, decode_token, ttft, total (one request).
 STAGE_SECONDS = Histogram("hypic_combine_stage_seconds", "Latency of each stage of an Execute",
                           ["stage"], buckets=LATENCY_BUCKETS)

@@ -25,8 +25,10 @@ import torch
 
 from common import modes
 from common.engine import HybridEngine, pick_token  # the sampler engine.generate uses
-from common.pic import compose_segment, prefill_layer_major, prefill_segments
+from common.pic import compose_run, compose_segment, prefill_segments
 from common.pic.entry import dtype_name
+from common.pic.reuse import without_arenas
+from common.pic.runs import arrived_run
 from common.pic.seal import load_secret
 from common.rpc.abort import Abort
 from common.rpc.checks import check_model, check_seam, check_temperature, expected_key
@@ -67,6 +69,7 @@ class _Execution:
     order: str | None  # compose order (_compose_order); None: the mode recomputes instead
     lead: int  # segments composed in the leading layer-major pass
     tasks: list[asyncio.Task] = field(default_factory=list)  # one fetch per segment
+    runs: list[int] = field(default_factory=list)  # segments per composition pass, in prompt order
 
 
 class _SeamTimer:
@@ -302,7 +305,7 @@ class CombineServicer(pb_grpc.CombineServicer):
             await asyncio.wait(ctx.background, timeout=wait_s)
         timings.total_s = time.perf_counter() - ex.t_start
         m.STAGE_SECONDS.labels("total").observe(timings.total_s)
-        log.info("executed", mode=ex.mode, compose_order=ex.order, segments=timings.segments,
+        log.info("executed", mode=ex.mode, compose_order=ex.order, compose_runs=ex.runs, segments=timings.segments,
                  hits=timings.hits, misses=timings.misses, prompt_tokens=timings.prompt_tokens,
                  ttft_s=round(timings.ttft_s, 6), total_s=round(timings.total_s, 6))
 
@@ -329,8 +332,11 @@ class CombineServicer(pb_grpc.CombineServicer):
     async def _compose(self, ex: _Execution):
         """Start every segment's fetch at once. The first `lead` segments: once they are all in
         hand (even if some turned out to be misses after all), one layer-major pass. Every
-        other segment: composed as soon as it and all before it are in hand. Yields a
-        SegmentReady per segment as it arrives (any order) and, last, the composed state."""
+        other segment is composed as soon as it and all before it are in hand: whenever the
+        engine is free, the whole run of consecutive segments in hand from the next one goes in
+        one layer-major pass (compose_run; one at a time with --compose-order segment or in
+        additive mode). Yields a SegmentReady per segment as it arrives (any order) and, last,
+        the composed state."""
         ctx, segs, tasks, timings, lead = ex.ctx, ex.segs, ex.tasks, ex.timings, ex.lead
         arrivals: asyncio.Queue[int] = asyncio.Queue()
         for i, (seg, key, ids) in enumerate(zip(ex.plan.segments, ex.keys, segs)):
@@ -338,7 +344,9 @@ class CombineServicer(pb_grpc.CombineServicer):
             t.add_done_callback(lambda _t, i=i: arrivals.put_nowait(i))
             tasks.append(t)
         additive = ex.mode == "additive"  # entries with seam 0, added without T
+        in_runs = self.cfg.compose_order == "auto" and ex.mode == "hypic"
         n = len(segs)
+        capacity = sum(len(s) for s in segs)  # the attention keys of every pass go into one arena
         state = self.engine.new_state()
         ready: dict[int, Acquired] = {}
         nxt = 0  # the next segment to compose
@@ -359,23 +367,37 @@ class CombineServicer(pb_grpc.CombineServicer):
                                       via_nixl=a.via_nixl)
             ctx.deadline.left()
             if nxt < lead:  # nxt == 0: the leading run, from the empty state
-                state, compose_s = await self.run(self._compose_all,
-                                                  [ready.pop(j).entry for j in range(lead)])
+                state, compose_s = await self.run(self._compose_run, state,
+                                                  [ready.pop(j).entry for j in range(lead)], capacity)
                 # Seams and bodies interleave layer by layer in this pass, so it is not split:
                 # all of it is compose_s, and it adds nothing to seams_s.
                 timings.compose_s += compose_s
                 m.STAGE_SECONDS.labels("compose_layer_major").observe(compose_s)
-                nxt = lead
+                run = range(0, lead)
             else:
-                state, compose_s, seams_s = await self.run(self._compose_one, state,
-                                                           ready.pop(nxt).entry, additive)
-                timings.compose_s += compose_s
-                timings.seams_s += seams_s
-                m.STAGE_SECONDS.labels("compose").observe(compose_s)
-                m.STAGE_SECONDS.labels("seams").observe(seams_s)
-                nxt += 1
+                run = arrived_run(ready, nxt, n) if in_runs else range(nxt, nxt + 1)
+                state = await self._compose_arrived(state, [ready.pop(j).entry for j in run], in_runs,
+                                                    additive, capacity, timings)
+            ex.runs.append(len(run))
+            nxt = run.stop
         m.COMPOSITIONS.labels("layer" if lead == n else "mixed" if lead else "segment").inc()
-        yield state
+        yield without_arenas(state)
+
+    async def _compose_arrived(self, state, entries: list, in_runs: bool, additive: bool, capacity: int,
+                               timings: rpb.Timings):
+        """Extend the state by arrived segments: a run in one layer-major pass (seams inside
+        compose_s; keys into the request's arena), or one segment-major step (its seam timed apart)."""
+        if in_runs:
+            state, compose_s = await self.run(self._compose_run, state, entries, capacity)
+            m.STAGE_SECONDS.labels("compose_run").observe(compose_s)
+        else:
+            (entry,) = entries
+            state, compose_s, seams_s = await self.run(self._compose_one, state, entry, additive)
+            timings.seams_s += seams_s
+            m.STAGE_SECONDS.labels("compose").observe(compose_s)
+            m.STAGE_SECONDS.labels("seams").observe(seams_s)
+        timings.compose_s += compose_s
+        return state
 
     def _arrived(self, task: asyncio.Task, i: int, timings: rpb.Timings, t_start: float) -> Acquired:
         """Segment i's entry, now in hand, counted into the timings and metrics."""
@@ -408,10 +430,10 @@ class CombineServicer(pb_grpc.CombineServicer):
         total = time.perf_counter() - t
         return state, total - timer.seconds, timer.seconds
 
-    def _compose_all(self, entries: list):
-        """Engine thread: these segments in one layer-major pass, from an empty state."""
+    def _compose_run(self, state, entries: list, capacity: int):
+        """Engine thread: extend the state by a run of consecutive segments in one layer-major pass."""
         t = time.perf_counter()
-        state = prefill_layer_major(self.engine, entries)
+        state = compose_run(self.engine, state, entries, capacity=capacity)
         return state, time.perf_counter() - t
 
     @torch.inference_mode()
