@@ -127,6 +127,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("sigterm-no-drain", "common/rpc/server.py",
            "sig = await wait_for_shutdown_signal(timeout_s=drain_s)", "sig = None",
            ("tests/test_shutdown.py", "-k", "drain")),
+    # -- benchmarks --------------------------------------------------------------------------------------
+    Mutant("report-drops-random-model-ratios", "bench/report.py",
+           "        out += closing_rows_random(rnd)", "        pass",
+           ("tests/test_bench_report.py",)),
 )
 
 
