@@ -282,12 +282,14 @@ class SeamPlan:
         K_all, V_all = torch.cat(keys, 2), torch.cat(values, 2)
         kpos = torch.arange(self.total, device=q.device)
         mask = kpos[None, :] <= self.seam_positions[:, None]
-        n_rep = q.shape[1] // K_all.shape[1]
+        B, Hq, Tq, D = q.shape
+        n_rep = Hq // K_all.shape[1]
         V_use = attention_values(mixer, K_all, V_all)
-        Kr = K_all.repeat_interleave(n_rep, 1) if n_rep > 1 else K_all
-        Vr = V_use.repeat_interleave(n_rep, 1) if n_rep > 1 else V_use
-        o = F.scaled_dot_product_attention(q, Kr, Vr, attn_mask=mask, scale=scale)
-        return o.transpose(1, 2), AttentionLayerState(K_all, V_all)
+        # query heads grouped by their kv head (head h reads kv head h // n_rep), the mask repeated
+        # per group: no copy of every key and value per query head
+        qg = q.reshape(B, K_all.shape[1], n_rep * Tq, D)
+        o = F.scaled_dot_product_attention(qg, K_all, V_use, attn_mask=mask.repeat(n_rep, 1), scale=scale)
+        return o.reshape(B, Hq, Tq, -1).transpose(1, 2), AttentionLayerState(K_all, V_all)
 
     # linear layers: batched seam summaries, a short scan, batched seam outputs
     def run_linear(self, mixer, x, ctx):
