@@ -49,3 +49,9 @@ def test_optional_results_are_left_out_when_absent(tmp_path: Path) -> None:
     data["headline"]["ttft_p50_ratio_hypic_vs_prefix"] += 1.0
     (tmp_path / "serve.json").write_text(json.dumps(data))
     assert report.main(["--results", str(tmp_path), "--readme", str(readme), "--check"]) == 1
+
+
+def test_command_shown_without_its_output_path() -> None:
+    assert report.command({"command": "python -m bench.serve --out /tmp/x --shapes rag"}) == \
+        "python -m bench.serve --shapes rag"
+    assert report.command({"command": "python -m bench.serve --quick"}) == "python -m bench.serve --quick"
