@@ -9,10 +9,12 @@ For the bundled model and a random-weight model of a realistic shape (timing onl
    built and stored, then the same request `reps` times warm (every segment a segcache hit);
 2. prints the median client TTFT and the `Timings` the SDK returns (lookup, transfer, compose,
    seams, query prefill, server TTFT) and the rest (router + gRPC + tokens out);
-3. measures the all-hit floor in this process: the entries' bytes at memcpy speed (np.copyto
+3. measures the all-hit floor in this process, once after each warm request (both see the same
+   load on a shared machine): the entries' bytes at memcpy speed (np.copyto
    into a pre-faulted buffer) + the seam and query tokens at prefill speed (a plain forward of
    `seg-tokens` tokens, per token) -- what a request cannot beat on this machine with every
-   entry cached; and reports warm TTFT / floor.
+   entry cached; and reports warm TTFT / floor. Beside it, the seam and query tokens as one
+   plain forward: on a tiny model a forward's fixed per-call cost exceeds the floor itself.
 Writes bench/results/anatomy.json (timestamps, load average and the labels with it).
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import sys
 import tempfile
@@ -48,7 +51,9 @@ def prompt(vocab: int, n: int, tokens: int, query: int, seed: int) -> tuple[list
     return segs, torch.randint(10, vocab, (query,), generator=g).tolist()
 
 
-def mesh_anatomy(model: Path, segs, query, reps: int, nixl: bool) -> dict:
+def mesh_anatomy(model: Path, segs, query, reps: int, nixl: bool, floor: "Floor") -> dict:
+    """The warm request through the mesh `reps` times, one floor measurement after each (so that
+    both see the same load on a shared machine)."""
     import hypic
 
     flags = [] if nixl else ["--no-nixl"]
@@ -71,6 +76,7 @@ def mesh_anatomy(model: Path, segs, query, reps: int, nixl: bool) -> dict:
                 runs.append(dict(client_ttft_s=first - t, hits=tm.hits, segments=tm.segments,
                                  via_nixl=sum(s.via_nixl for s in tm.trace), tiers=dict(tm.hits_by_tier),
                                  **{h: getattr(tm, h) for h in HOPS}))
+                floor.measure()
     out = {k: median([r[k] for r in runs]) for k in ("client_ttft_s", *HOPS)}
     out.update(cold_ttft_s=cold_s, cold_hits=cold.timings.hits if cold.timings else None,
                hits=min(r["hits"] for r in runs), segments=runs[0]["segments"],
@@ -78,32 +84,42 @@ def mesh_anatomy(model: Path, segs, query, reps: int, nixl: bool) -> dict:
     return out
 
 
-def floor(model: Path, segs, query, seam: int, reps: int) -> dict:
-    """Entry bytes at memcpy speed + seam and query tokens at prefill speed, in this process."""
-    from common.engine import HybridEngine
+class Floor:
+    """Entry bytes at memcpy speed + seam and query tokens at prefill speed, in this process
+    (1 torch thread, as each mesh process)."""
 
-    torch.set_num_threads(1)
-    torch.set_flush_denormal(True)
-    eng = HybridEngine.from_pretrained(model)
-    entry_bytes = len(eng.build_entry(segs[0], seam).to_bytes()) * len(segs)  # same-length segments
-    src = np.random.default_rng(0).integers(0, 256, entry_bytes, dtype=np.uint8)
-    dst = np.ones_like(src)
-    copy = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        np.copyto(dst, src)
-        copy.append(time.perf_counter() - t)
-    eng.forward(segs[0])
-    fwd = []
-    for _ in range(max(3, reps // 3)):
-        t = time.perf_counter()
-        eng.forward(segs[0])
-        fwd.append(time.perf_counter() - t)
-    per_token = median(fwd) / len(segs[0])
-    tokens = len(segs) * min(seam, len(segs[0])) + len(query)
-    return dict(entry_bytes=entry_bytes, memcpy_s=median(copy), memcpy_gbps=entry_bytes / median(copy) / 1e9,
-                prefill_per_token_s=per_token, seam_query_tokens=tokens, tokens_s=tokens * per_token,
-                floor_s=median(copy) + tokens * per_token)
+    def __init__(self, model: Path, segs, query, seam: int):
+        from common.engine import HybridEngine
+
+        torch.set_num_threads(1)
+        torch.set_flush_denormal(True)
+        self.eng = HybridEngine.from_pretrained(model)
+        self.segment = segs[0]
+        self.entry_bytes = len(self.eng.build_entry(segs[0], seam).to_bytes()) * len(segs)  # same-length segments
+        self.src = np.random.default_rng(0).integers(0, 256, self.entry_bytes, dtype=np.uint8)
+        self.dst = np.ones_like(self.src)  # pre-faulted
+        # the same tokens as one small forward: what a model this size costs per call
+        self.seam_query = [t for s in segs for t in s[:seam]] + list(query)
+        self.eng.forward(self.segment)
+        self.copy: list[float] = []
+        self.fwd: list[float] = []
+        self.one: list[float] = []
+
+    def measure(self) -> None:
+        for out, fn in ((self.copy, lambda: np.copyto(self.dst, self.src)),
+                        (self.fwd, lambda: self.eng.forward(self.segment)),
+                        (self.one, lambda: self.eng.forward(self.seam_query))):
+            t = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t)
+
+    def result(self) -> dict:
+        copy, per_token = median(self.copy), median(self.fwd) / len(self.segment)
+        tokens = len(self.seam_query)
+        return dict(entry_bytes=self.entry_bytes, memcpy_s=copy, memcpy_gbps=self.entry_bytes / copy / 1e9,
+                    prefill_per_token_s=per_token, seam_query_tokens=tokens, tokens_s=tokens * per_token,
+                    floor_s=copy + tokens * per_token, seam_query_one_forward_s=median(self.one),
+                    reps=len(self.copy))
 
 
 def main(argv=None) -> dict:
@@ -118,8 +134,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-nixl", action="store_true", help="segcache and combine without NIXL")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "anatomy.json")
     args = ap.parse_args(argv)
-    results = dict(segments=args.segments, seg_tokens=args.seg_tokens, query_tokens=args.query_tokens,
-                   nixl=not args.no_nixl, load_avg_start=os.getloadavg(), models=[])
+    results = dict(command="python -m bench.anatomy " + " ".join(argv if argv is not None else sys.argv[1:]),
+                   segments=args.segments, seg_tokens=args.seg_tokens, query_tokens=args.query_tokens,
+                   nixl=not args.no_nixl, reps=args.reps,
+                   machine=dict(cpus=os.cpu_count(), platform=platform.platform(), loadavg_start=os.getloadavg(),
+                                torch_threads_per_process=1),
+                   models=[])
     with tempfile.TemporaryDirectory(prefix="hypic-anatomy-model-") as tmp:
         models = [(Path(args.model), Path(args.model).name, None)] if args.model else []
         if args.random_model:
@@ -130,13 +150,14 @@ def main(argv=None) -> dict:
             vocab = json.loads((path / "config.json").read_text())["vocab_size"]
             segs, query = prompt(vocab, args.segments, args.seg_tokens, args.query_tokens, seed=7)
             print(f"== {label}", flush=True)
-            mesh = mesh_anatomy(path, segs, query, args.reps, nixl=not args.no_nixl)
-            fl = floor(path, segs, query, args.seam, args.reps)
+            fl = Floor(path, segs, query, args.seam)
+            mesh = mesh_anatomy(path, segs, query, args.reps, nixl=not args.no_nixl, floor=fl)
+            fl = fl.result()
             row = dict(model=label, random_weights=random_label, mesh=mesh, floor=fl,
                        ttft_over_floor=mesh["client_ttft_s"] / fl["floor_s"])
             results["models"].append(row)
             report(row)
-    results["load_avg_end"] = os.getloadavg()
+    results["machine"]["loadavg_end"] = os.getloadavg()
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
@@ -158,6 +179,7 @@ def report(row: dict) -> None:
           f"{ms(f['memcpy_s']).strip()}"
           f" + {f['seam_query_tokens']} tokens at {1e3 * f['prefill_per_token_s']:.3f} ms = "
           f"{ms(f['tokens_s']).strip()} -> {ms(f['floor_s']).strip()}")
+    print(f"  (the {f['seam_query_tokens']} tokens as one plain forward: {ms(f['seam_query_one_forward_s']).strip()})")
     print(f"  warm TTFT / floor = {row['ttft_over_floor']:.2f}x", flush=True)
 
 

@@ -290,6 +290,8 @@ def build_workloads(args) -> dict:
             "agent": W.agent_trace(args.n_agent, seed=s + 22, pools_seed=s + 5),
         },
     }
+    for phase in ("warm", "closed"):  # --shapes: only these (RAG alone keeps a slow model's run short)
+        wl[phase] = {shape: t for shape, t in wl[phase].items() if shape in args.shapes}
     return wl
 
 
@@ -326,7 +328,7 @@ def warm_up(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> d
 
 def closed_loop(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> dict:
     out = {}
-    for shape in SHAPES:
+    for shape in wl["closed"]:
         trace = wl["closed"][shape]
         out[shape] = {"trace": trace.summary(), "modes": {}}
         log(f"\n== {shape}: {len(trace)} requests, concurrency {args.concurrency}, "
@@ -633,6 +635,8 @@ def parse_args(argv=None):
     ap.add_argument("--n-closed", type=int, default=16, help="RAG closed-loop requests per mode")
     ap.add_argument("--n-summ", type=int, default=6)
     ap.add_argument("--n-agent", type=int, default=12)
+    ap.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES),
+                    help="workload shapes of the warm-up and closed loop (the sweep is RAG's)")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--rate-window", type=float, default=15.0,
@@ -661,6 +665,8 @@ def parse_args(argv=None):
     ap.add_argument("--api-key", default="unused", help="the front's API key (--base-url)")
     ap.add_argument("--served-model", default="", help="model id at --base-url (default: the first)")
     args = ap.parse_args(argv)
+    if "rag" not in args.shapes:
+        ap.error("--shapes must include rag (the sweep and the headline are RAG's)")
     if args.quick:
         args.corpus, args.doc_tokens, args.summ_pool, args.summ_tokens = 24, [16, 128], 6, [64, 192]
         args.max_prompt_tokens, args.n_warm, args.n_closed, args.n_summ, args.n_agent = 512, 4, 4, 2, 4

@@ -193,6 +193,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("compose-combine-without-entry-key", "docker-compose.yml",
            "      HYPIC_COMBINE_ENTRY_KEY_FILE: /run/secrets/entry-key\n", "",
            ("tests/test_compose_file.py",)),
+    # -- benchmarks --------------------------------------------------------------------------------------
+    Mutant("report-drops-random-model-ratios", "bench/report.py",
+           "        out += closing_rows_random(rnd)", "        pass",
+           ("tests/test_bench_report.py",)),
 )
 
 
