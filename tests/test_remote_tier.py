@@ -241,3 +241,64 @@ def test_malformed_remote_url_exits_2(tmp_path: Path):
     r = subprocess.run([sys.executable, "-m", "services.segcache", "--data-dir", str(tmp_path),
                         "--remote-url", "mooncake://nohost"], env=env, capture_output=True, timeout=60)
     assert r.returncode == 2 and b"remote_url" in r.stderr
+
+
+# ---- the address a segcache gives Mooncake as its own (--advertise-host) -------------------------
+def test_advertise_host_defaults_to_host_and_a_wildcard_needs_one(tmp_path: Path):
+    from services.segcache.config import SegcacheConfig
+    url = "mooncake://master:50051"
+    assert SegcacheConfig(data_dir=tmp_path, remote_url=url).remote_local_host == "127.0.0.1"
+    assert SegcacheConfig(data_dir=tmp_path, host="10.1.2.3", remote_url=url).remote_local_host == "10.1.2.3"
+    for wildcard in ("0.0.0.0", "::", "[::]"):
+        with pytest.raises(ValueError, match="advertise_host"):
+            SegcacheConfig(data_dir=tmp_path, host=wildcard, remote_url=url)
+        cfg = SegcacheConfig(data_dir=tmp_path, host=wildcard, remote_url=url, advertise_host=" segcache ")
+        assert cfg.remote_local_host == "segcache"
+        assert SegcacheConfig(data_dir=tmp_path, host=wildcard).remote_url == ""  # no tier: no need
+        with pytest.raises(ValueError, match="advertise_host"):  # a wildcard is never dialable
+            SegcacheConfig(data_dir=tmp_path, remote_url=url, advertise_host=wildcard)
+
+
+def test_wildcard_host_with_remote_tier_and_no_advertise_host_exits_2(tmp_path: Path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYPIC_SEGCACHE_")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    r = subprocess.run([sys.executable, "-m", "services.segcache", "--data-dir", str(tmp_path),
+                        "--host", "0.0.0.0", "--port", "0", "--remote-url", "mooncake://127.0.0.1:1"],
+                       env=env, capture_output=True, timeout=60)
+    assert r.returncode == 2 and b"advertise_host" in r.stderr
+
+
+def test_advertised_name_is_the_segment_peers_reach(tmp_path: Path, fresh_seed):
+    """A segcache advertising `localhost` mounts its Mooncake segment under that name, and an
+    entry put through it is read through another segcache."""
+    missing = _mooncake_missing()
+    if missing:
+        pytest.skip(missing)
+    rng = random.Random(fresh_seed)
+    master = Master(tmp_path).start()
+    procs = []
+    try:
+        for name, extra in (("a", ["--advertise-host", "localhost"]), ("b", [])):
+            (tmp_path / name).mkdir()
+            procs.append(SegcacheProcess(tmp_path / name, ["--remote-url", master.url, *extra], name).start())
+        a, b = procs
+        key, blob = f"seg-{rng.getrandbits(48):x}", rng.randbytes(rng.randrange(1000, 200_000))
+
+        async def run():
+            async with SegcacheClient(a.target, timeout_s=10) as ca, \
+                    SegcacheClient(b.target, timeout_s=10) as cb:
+                async def mounted():  # A's tier connects in the background
+                    return "segment_name=localhost:" in master.log.read_text(errors="replace")
+                await _until(mounted)
+                await ca.put(key, blob, token_count=3, recompute_cost_s=0.1)
+
+                async def b_sees_it():
+                    return (await cb.lookup([key]))[0].tier == pb.TIER_REMOTE
+                await _until(b_sees_it)
+                _, data = await cb.get_with_info(key)
+                assert bytes(data) == blob
+        asyncio.run(run())
+    finally:
+        for p in procs:
+            p.kill()
+        master.kill()

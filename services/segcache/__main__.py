@@ -59,7 +59,8 @@ class SegcacheService(service.Service):
         REGISTRY.register(StoreCollector(self.store, lambda: self.leases.active))
         self.remote = (MooncakeTier(cfg.remote_url, queue_entries=cfg.remote_queue_entries,
                                     segment_bytes=cfg.remote_segment_bytes,
-                                    buffer_bytes=cfg.remote_buffer_bytes, local_host=cfg.host)
+                                    buffer_bytes=cfg.remote_buffer_bytes,
+                                    local_host=cfg.remote_local_host, bind_host=cfg.host)
                        if cfg.remote_url else None)
         if self.remote is not None:
             REGISTRY.register(RemoteCollector(self.remote))

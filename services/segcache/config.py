@@ -17,6 +17,7 @@ from services.segcache.remote_tier import parse_remote_url
 
 ENV_PREFIX = "HYPIC_SEGCACHE_"
 GiB = 1 << 30
+WILDCARDS = ("", "0.0.0.0", "::", "[::]")  # bind addresses that no peer can dial
 MiB = 1 << 20
 
 
@@ -30,6 +31,10 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
 
     # --- network -------------------------------------------------------------------------
     host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
+    advertise_host: str = field(default="", metadata=_h(
+        "the address other segcaches reach this one at through the remote tier (Mooncake's "
+        "local_hostname: a name or IP, e.g. the compose service name or the pod IP); empty = host, "
+        "which must then not be a wildcard (0.0.0.0, ::) when the remote tier is on"))
     port: int = field(default=50061, metadata=_h("gRPC port; 0 = ephemeral"))
     port_file: Optional[Path] = field(
         default=None, metadata=_h("write {port, metrics_port, pid} as JSON here once serving"))
@@ -115,10 +120,23 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
         self.remote_url = (self.remote_url or "").strip()
         if self.remote_url:
             parse_remote_url(self.remote_url)  # ValueError: a clear startup error (exit 2)
+        self.advertise_host = (self.advertise_host or "").strip()
+        if self.advertise_host and self.advertise_host in WILDCARDS:
+            raise ValueError(f"advertise_host {self.advertise_host!r} is a wildcard; peers need a "
+                             "reachable name or IP")
+        if self.remote_url and not self.advertise_host and self.host.strip() in WILDCARDS:
+            raise ValueError(f"advertise_host is needed with remote_url when host is {self.host!r}: "
+                             "Mooncake peers would dial that address; set --advertise-host (or "
+                             "HYPIC_SEGCACHE_ADVERTISE_HOST) to a name or IP they can reach")
         if self.remote_queue_entries < 1 or self.remote_segment_bytes < MiB \
                 or self.remote_buffer_bytes < MiB:
             raise ValueError("remote_queue_entries must be >= 1, remote_segment_bytes and "
                              "remote_buffer_bytes >= 1 MiB")
+
+    @property
+    def remote_local_host(self) -> str:
+        """The address this segcache gives Mooncake as its own (peers dial it)."""
+        return self.advertise_host or self.host
 
     @property
     def entry_limit(self) -> int:

@@ -96,13 +96,14 @@ def unpack(key: str, blob: bytes) -> RemoteEntry | None:
 class MooncakeTier:
     def __init__(self, url: str, *, queue_entries: int = 256, segment_bytes: int = 256 << 20,
                  buffer_bytes: int = 64 << 20, health_period_s: float = 0.5,
-                 local_host: str = "127.0.0.1"):
+                 local_host: str = "127.0.0.1", bind_host: str | None = None):
         self.host, self.port = parse_remote_url(url)
         self.url = url
         self.segment_bytes = segment_bytes
         self.buffer_bytes = buffer_bytes
         self.health_period_s = health_period_s
-        self.local_host = local_host
+        self.local_host = local_host  # what peers dial (the advertise address)
+        self.bind_host = local_host if bind_host is None else bind_host  # what we listen on
         self._queue: queue.Queue = queue.Queue(maxsize=queue_entries)
         self._store: Any = None
         self._lock = threading.Lock()  # setup / teardown of the client
@@ -130,7 +131,7 @@ class MooncakeTier:
 
     def _connect(self) -> None:
         from mooncake.store import MooncakeDistributedStore  # the wheel is optional
-        os.environ.setdefault("MC_TCP_BIND_ADDRESS", self.local_host)
+        os.environ.setdefault("MC_TCP_BIND_ADDRESS", self.bind_host)
         store = MooncakeDistributedStore()
         rc = store.setup(self.local_host, "P2PHANDSHAKE", self.segment_bytes, self.buffer_bytes,
                          "tcp", "", f"{self.host}:{self.port}")
