@@ -30,7 +30,7 @@ if not hasattr(_la, "linear_attention"):  # the kernels API is not there yet: th
     _la.linear_attention, _la.recurrent_step = _linear_attention, _recurrent_step
 
 from safetensors.torch import load_file, save_file  # noqa: E402
-from tiny import hf_prefill_logits, load_hf, save_tiny  # noqa: E402
+from tiny import hf_chunked_and_greedy, hf_prefill_logits, load_hf, save_tiny  # noqa: E402
 
 from common.engine import HybridEngine  # noqa: E402
 from common.loader import CheckpointError  # noqa: E402
@@ -85,33 +85,6 @@ def _build(name: str, out: Path) -> Path:
                 sd[k] = torch.rand(sd[k].shape, generator=g) * 0.5
         save_file(sd, str(_weights(path)), metadata={"format": "pt"})
     return path
-
-
-@torch.inference_mode()
-def hf_chunked_and_greedy(model, ids, chunks, steps):
-    """tiny.hf_chunked_and_greedy with explicit position ids: BambaModel.forward numbers a call's
-    tokens from 0 whatever the cache holds (no past_seen_tokens offset), so a continued prefill of
-    transformers' Bamba is wrong unless it is given positions. NemotronH has no RoPE."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    bounds = [round(i * len(ids) / chunks) for i in range(chunks + 1)]
-    pieces = []
-    for a, b in zip(bounds, bounds[1:]):
-        out = model(torch.tensor([ids[a:b]]), position_ids=torch.arange(a, b)[None], past_key_values=cache,
-                    use_cache=True)
-        cache = out.past_key_values
-        pieces.append(out.logits[0].float())
-    logits, pos = pieces[-1][-1], len(ids)
-    tokens, step_logits = [], []
-    for _ in range(steps):
-        step_logits.append(logits)
-        tok = int(torch.argmax(logits))
-        tokens.append(tok)
-        out = model(torch.tensor([[tok]]), position_ids=torch.tensor([[pos]]), past_key_values=cache, use_cache=True)
-        cache, pos = out.past_key_values, pos + 1
-        logits = out.logits[0, -1].float()
-    return torch.cat(pieces, 0), tokens, step_logits
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
