@@ -32,13 +32,11 @@ from common.layers.conv import causal_conv
 from common.layers.mlp import GatedMLP
 from common.layers.norm import RMSNorm
 from common.models.base import ForwardContext, HybridLM
-from common.models.decoder import PreNormLayer, default_rotary, route_to_experts
+from common.models.decoder import ChunkedLinearMixer, PreNormLayer, default_rotary, route_to_experts
 from common.models.kimi_linear import KimiRouter, SigmoidGatedRMSNorm, l2norm
-from common.state import LinearLayerState
-from kernels.linear_attn import linear_attention, recurrent_step
 
 
-class BailingDeltaAttention(nn.Module):
+class BailingDeltaAttention(ChunkedLinearMixer):
     """KDA mixer of Ring / Ling 2.5."""
 
     family = "kda"
@@ -97,15 +95,6 @@ class BailingDeltaAttention(nn.Module):
     def output(self, o: torch.Tensor, out_gate: torch.Tensor, dtype) -> torch.Tensor:
         B, T = o.shape[:2]
         return self.dense(self.o_norm(o.to(dtype), out_gate).reshape(B, T, self.dim))
-
-    def forward(self, x, state: LinearLayerState | None, ctx: ForwardContext):
-        q, k, v, g, beta, out_gate, tail = self.features(x, None if state is None else state.conv)
-        S0 = None if state is None else state.recurrent
-        if x.shape[1] == 1 and S0 is not None:
-            o, S = recurrent_step(self.family, q, k, v, g=g, beta=beta, state=S0, scale=self.scale)
-        else:
-            o, S = linear_attention(self.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=self.scale)
-        return self.output(o, out_gate, x.dtype), LinearLayerState(tail, S)
 
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:

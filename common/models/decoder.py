@@ -4,7 +4,8 @@
   as each model's checkpoint names them;
 - default_rotary: RoPE from a config's rope_parameters (only rope_type "default" is served);
 - mamba2_from_config: a Mamba2 mixer from the Bamba / Granite-4 config fields;
-- route_to_experts: the top-k MoE dispatch loop (each token through its chosen experts).
+- route_to_experts: the top-k MoE dispatch loop (each token through its chosen experts);
+- ChunkedLinearMixer: the forward pass of a linear-attention mixer with a short conv (GDN, KDA).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from torch import nn
 
 from common.layers.mamba2 import Mamba2Mixer
 from common.layers.rotary import RotaryEmbedding
+from common.state import LinearLayerState
+from kernels.linear_attn import linear_attention, recurrent_step
 
 
 class PreNormLayer(nn.Module):
@@ -66,3 +69,18 @@ def route_to_experts(h: torch.Tensor, w: torch.Tensor, idx: torch.Tensor,
         tok, slot = torch.where(idx == e)
         out.index_add_(0, tok, (expert(e, h[tok]) * w[tok, slot, None]).to(h.dtype))
     return out
+
+
+class ChunkedLinearMixer(nn.Module):
+    """A linear-attention mixer of kernels.linear_attn's `family` (set by the subclass, with `scale`):
+    features(x, conv tail) -> (q, k, v, g, beta, aux, new conv tail); the recurrence (one
+    recurrent step for a single decoded token, else chunked); output(o, aux, dtype)."""
+
+    def forward(self, x, state: LinearLayerState | None, ctx):
+        q, k, v, g, beta, aux, tail = self.features(x, None if state is None else state.conv)
+        S0 = None if state is None else state.recurrent
+        if x.shape[1] == 1 and S0 is not None:
+            o, S = recurrent_step(self.family, q, k, v, g=g, beta=beta, state=S0, scale=self.scale)
+        else:
+            o, S = linear_attention(self.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=self.scale)
+        return self.output(o, aux, x.dtype), LinearLayerState(tail, S)

@@ -32,9 +32,9 @@ from common.layers.conv import causal_conv
 from common.layers.mlp import GatedMLP, activation
 from common.layers.norm import RMSNorm
 from common.models.base import ForwardContext, HybridLM
-from common.models.decoder import PreNormLayer, route_to_experts
-from common.state import AttentionLayerState, LinearLayerState
-from kernels.linear_attn import linear_attention, operand_dtype, recurrent_step
+from common.models.decoder import ChunkedLinearMixer, PreNormLayer, route_to_experts
+from common.state import AttentionLayerState
+from kernels.linear_attn import operand_dtype
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -58,7 +58,7 @@ class SigmoidGatedRMSNorm(nn.Module):
         return (h * torch.sigmoid(gate.float())).to(dtype)
 
 
-class KimiDeltaAttention(nn.Module):
+class KimiDeltaAttention(ChunkedLinearMixer):
     """KDA mixer. The recurrence runs in kernels.linear_attn ("kda")."""
 
     family = "kda"
@@ -133,15 +133,6 @@ class KimiDeltaAttention(nn.Module):
         B, T = o.shape[:2]
         o = self.o_norm(o.to(dtype), out_gate)
         return self.o_proj(o.reshape(B, T, self.dim))
-
-    def forward(self, x, state: LinearLayerState | None, ctx: ForwardContext):
-        q, k, v, g, beta, out_gate, tail = self.features(x, None if state is None else state.conv)
-        S0 = None if state is None else state.recurrent
-        if x.shape[1] == 1 and S0 is not None:
-            o, S = recurrent_step(self.family, q, k, v, g=g, beta=beta, state=S0, scale=self.scale)
-        else:
-            o, S = linear_attention(self.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=self.scale)
-        return self.output(o, out_gate, x.dtype), LinearLayerState(tail, S)
 
 
 class MLAttention(nn.Module):

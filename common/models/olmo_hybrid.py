@@ -34,14 +34,12 @@ from common.layers.mlp import GatedMLP
 from common.layers.norm import GatedRMSNorm
 from common.layers.rotary import RotaryEmbedding
 from common.models.base import ForwardContext, HybridLM
-from common.models.decoder import PreNormLayer
+from common.models.decoder import ChunkedLinearMixer, PreNormLayer
 from common.models.nemotron_h import FP32RMSNorm
 from common.models.qwen3_5 import l2norm
-from common.state import LinearLayerState
-from kernels.linear_attn import linear_attention, recurrent_step
 
 
-class OlmoGatedDeltaNet(nn.Module):
+class OlmoGatedDeltaNet(ChunkedLinearMixer):
     family = "gated_deltanet"
 
     def __init__(self, cfg):
@@ -96,15 +94,6 @@ class OlmoGatedDeltaNet(nn.Module):
         gate = self.g_proj(x).view(B, T, self.n_v, self.dv)
         o = self.o_norm(o.to(dtype), gate)
         return self.o_proj(o.reshape(B, T, self.value_dim))
-
-    def forward(self, x, state: LinearLayerState | None, ctx: ForwardContext):
-        q, k, v, g, beta, aux, tail = self.features(x, None if state is None else state.conv)
-        S0 = None if state is None else state.recurrent
-        if x.shape[1] == 1 and S0 is not None:
-            o, S = recurrent_step(self.family, q, k, v, g=g, beta=beta, state=S0, scale=self.scale)
-        else:
-            o, S = linear_attention(self.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=self.scale)
-        return self.output(o, aux, x.dtype), LinearLayerState(tail, S)
 
 
 class OlmoAttention(nn.Module):

@@ -16,16 +16,15 @@ from common.layers.mlp import GatedMLP, QwenSparseMoe
 from common.layers.norm import GatedRMSNorm, RMSNorm
 from common.layers.rotary import RotaryEmbedding
 from common.models.base import ForwardContext, HybridLM
-from common.models.decoder import PreNormLayer
-from common.state import LinearLayerState
-from kernels.linear_attn import linear_attention, operand_dtype, recurrent_step
+from common.models.decoder import ChunkedLinearMixer, PreNormLayer
+from kernels.linear_attn import operand_dtype
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(ChunkedLinearMixer):
     """Qwen3.5 GDN mixer. The recurrence runs in kernels.linear_attn ("gated_deltanet")."""
 
     family = "gated_deltanet"
@@ -89,15 +88,6 @@ class GatedDeltaNet(nn.Module):
         B, T = o.shape[:2]
         o = self.norm(o.to(dtype), z)
         return self.out_proj(o.reshape(B, T, self.value_dim))
-
-    def forward(self, x, state: LinearLayerState | None, ctx: ForwardContext):
-        q, k, v, g, beta, z, tail = self.features(x, None if state is None else state.conv)
-        S0 = None if state is None else state.recurrent
-        if x.shape[1] == 1 and S0 is not None:
-            o, S = recurrent_step(self.family, q, k, v, g=g, beta=beta, state=S0, scale=self.scale)
-        else:
-            o, S = linear_attention(self.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=self.scale)
-        return self.output(o, z, x.dtype), LinearLayerState(tail, S)
 
 
 class FusedGatedDeltaNet(GatedDeltaNet):
