@@ -159,9 +159,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "Deadline(self.cfg.default_timeout_s)",
            ("tests/test_mutation_guards_mesh.py", "-k", "remaining_time")),
     # -- decode state ----------------------------------------------------------------------------------
-    Mutant("decode-drops-linear-state", "common/models/qwen3_5.py",
-           "return self.output(o, z, x.dtype), LinearLayerState(tail, S)",
-           "return self.output(o, z, x.dtype), LinearLayerState(tail, S0 if x.shape[1] == 1 and S0 is not None else S)",
+    Mutant("decode-drops-linear-state", "common/models/decoder.py",
+           "return self.output(o, aux, x.dtype), LinearLayerState(tail, S)",
+           "return self.output(o, aux, x.dtype), LinearLayerState(tail, S0 if x.shape[1] == 1 and S0 is not None else S)",
            ("tests/test_mutation_guards.py", "-k", "decode")),
     # -- streaming -------------------------------------------------------------------------------------
     Mutant("segcache-get-chunk-drops-a-byte", "services/segcache/servicer.py",

@@ -7,40 +7,10 @@ from __future__ import annotations
 import torch
 
 from common.engine import HybridEngine
-from tiny import hf_prefill_logits, load_hf, save_tiny
+from tiny import dynamic_cache, hf_chunked_and_greedy, hf_prefill_logits, load_hf, save_tiny
 
 TOL = 1e-4
 N_PROMPT, CHUNK, STEPS = 300, 100, 20
-
-
-@torch.inference_mode()
-def hf_chunked_and_greedy(model, ids, chunks, steps, new_cache):
-    """tiny.hf_chunked_and_greedy with the cache made by `new_cache(model)` (MiniMax needs its own
-    cache class) and explicit positions."""
-    cache = new_cache(model)
-    bounds = [round(i * len(ids) / chunks) for i in range(chunks + 1)]
-    pieces = []
-    for a, b in zip(bounds, bounds[1:]):
-        out = model(torch.tensor([ids[a:b]]), position_ids=torch.arange(a, b)[None], past_key_values=cache,
-                    use_cache=True)
-        cache = out.past_key_values
-        pieces.append(out.logits[0].float())
-    logits, pos = pieces[-1][-1], len(ids)
-    tokens, step_logits = [], []
-    for _ in range(steps):
-        step_logits.append(logits)
-        tok = int(torch.argmax(logits))
-        tokens.append(tok)
-        out = model(torch.tensor([[tok]]), position_ids=torch.tensor([[pos]]), past_key_values=cache, use_cache=True)
-        cache, pos = out.past_key_values, pos + 1
-        logits = out.logits[0, -1].float()
-    return torch.cat(pieces, 0), tokens, step_logits
-
-
-def dynamic_cache(model):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
 
 
 def build_case(name: str, model_type: str, kw: dict, out_dir, edit=None, new_cache=dynamic_cache,
@@ -175,3 +145,48 @@ def check_loading_error(checkpoint, tensor: str, edit: str, tmp_path):
     path = resave(checkpoint, tmp_path / "bad", change)
     with pytest.raises(CheckpointError, match=re.escape(tensor)):
         HybridEngine.from_pretrained(path)
+
+
+# The parity checks every architecture's file runs on its `case` fixture, by name:
+#     @pytest.mark.parametrize("check", ["prefill", "chunked", "greedy", "state"])
+#     def test_parity(case, check):
+#         PARITY_CHECKS[check](case)
+PARITY_CHECKS = {
+    "prefill": check_prefill,
+    "chunked": check_chunked,
+    "greedy": check_greedy,
+    "state": check_state_not_mutated,
+}
+
+
+def check_matches_transformers(hf, eng, vocab: int = 512):
+    """The older one-test form of the bars above (Qwen3.5, Kimi): on a 300-token prompt, all-position
+    prefill logits, a prefill in 3 chunks, `generate`'s 20 greedy tokens and the logits before each
+    decode step, all within 1e-4 of transformers' `hf`. Returns our state after the decode steps."""
+    ids = torch.randint(0, vocab, (300,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    ref = hf_prefill_logits(hf, ids)
+    assert ref.std() > 0.1  # a model whose logits are all ~0 would make the comparison empty
+    full = eng.prefill(ids, return_all_logits=True)
+    assert (full.all_logits - ref).abs().max() < 1e-4
+
+    ref_chunked, ref_tokens, ref_step_logits = hf_chunked_and_greedy(hf, ids, chunks=3, steps=20)
+    chunked = eng.prefill(ids, chunk_size=100, return_all_logits=True)
+    assert (chunked.all_logits - ref_chunked).abs().max() < 1e-4
+
+    tokens = eng.generate(ids, max_new_tokens=20)
+    assert tokens == ref_tokens
+    logits, state = chunked.logits, chunked.state
+    for tok, ref_logits in zip(ref_tokens, ref_step_logits):
+        assert (logits - ref_logits).abs().max() < 1e-4
+        logits, state = eng.decode_step(tok, state)
+    return state
+
+
+def check_prefill_keeps_given_state(eng):
+    """Continuing a cached state twice gives the same logits, and the state keeps its length."""
+    a = eng.prefill(list(range(40)))
+    first = eng.prefill(list(range(40, 60)), state=a.state).logits
+    again = eng.prefill(list(range(40, 60)), state=a.state).logits
+    assert torch.equal(first, again)
+    assert a.state.seq_len == 40

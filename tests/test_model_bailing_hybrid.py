@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_loading_error, check_prefill
+from hf_parity import PARITY_CHECKS, build_case, check_bf16, check_loading_error
 from tiny import save_tiny
 
 BASE = dict(
@@ -46,16 +46,9 @@ def test_structure(case):
     assert model.layers[1].mlp.gate.e_score_correction_bias.abs().sum() > 0
 
 
-def test_prefill_logits(case):
-    check_prefill(case)
-
-
-def test_chunked_prefill(case):
-    check_chunked(case)
-
-
-def test_greedy_decode(case):
-    check_greedy(case)
+@pytest.mark.parametrize("check", ["prefill", "chunked", "greedy"])
+def test_parity(case, check):
+    PARITY_CHECKS[check](case)
 
 
 def test_bf16(case):

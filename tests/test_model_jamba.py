@@ -6,7 +6,6 @@ held to transformers' full prefill instead (hf_parity.reference_case, hf_continu
 """
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -16,14 +15,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from hf_parity import (  # noqa: E402
-    TOL, check_bf16, check_chunked, check_greedy, check_prefill, check_state_not_mutated, reference_case,
-)
-from safetensors.torch import load_file, save_file  # noqa: E402
+from hf_parity import PARITY_CHECKS, check_bf16, check_loading_error, reference_case  # noqa: E402
 from tiny import PIC_CONFIGS, save_tiny  # noqa: E402
-
-from common.engine import HybridEngine  # noqa: E402
-from common.loader import CheckpointError  # noqa: E402
 
 CONFIGS = {
     "jamba": PIC_CONFIGS["jamba"],  # MoE on odd layers, attention at layer 2
@@ -50,26 +43,9 @@ def test_structure_and_reference_scale(case):
     assert case["ref"].std() > 0.1
 
 
-def test_prefill_logits(case):
-    diff = check_prefill(case)
-    print(f"[{case['name']}] prefill max abs diff {diff:.3g}")
-    assert diff < TOL
-
-
-def test_chunked_prefill(case):
-    diff = check_chunked(case)
-    print(f"[{case['name']}] chunked prefill max abs diff {diff:.3g}")
-    assert diff < TOL
-
-
-def test_greedy_decode(case):
-    tokens, worst = check_greedy(case)
-    print(f"[{case['name']}] greedy decode max abs diff {worst:.3g}")
-    assert tokens == case["ref_tokens"] and worst < TOL
-
-
-def test_state_is_not_mutated(case):
-    check_state_not_mutated(case)
+@pytest.mark.parametrize("check", ["prefill", "chunked", "greedy", "state"])
+def test_parity(case, check):
+    PARITY_CHECKS[check](case)
 
 
 def test_bf16(case):
@@ -84,14 +60,4 @@ def test_bf16(case):
     ("model.layers.0.mamba.x_proj.weight", "shape"),
 ])
 def test_bad_checkpoint_names_the_tensor(tensor, edit, tmp_path):
-    src = save_tiny("jamba", tmp_path / "ok", seed=0, **CONFIGS["jamba"])
-    dst = tmp_path / "bad"
-    shutil.copytree(src, dst)
-    sd = load_file(str(dst / "model.safetensors"))
-    if edit == "drop":
-        sd.pop(tensor)
-    else:
-        sd[tensor] = sd[tensor][:-1].clone()
-    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=tensor.replace(".", r"\.")):
-        HybridEngine.from_pretrained(dst)
+    check_loading_error(save_tiny("jamba", tmp_path / "ok", seed=0, **CONFIGS["jamba"]), tensor, edit, tmp_path)

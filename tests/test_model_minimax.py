@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.pic.reuse import _linear_body, run_warmup
-from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_loading_error, check_prefill
+from hf_parity import PARITY_CHECKS, build_case, check_bf16, check_loading_error
 from tiny import save_tiny
 from kernels.linear_attn import compose, linear_attention, naive_retnet
 
@@ -50,16 +50,9 @@ def test_structure(case):
         assert torch.allclose(-model.layers[i].mixer.log_decay, ref, rtol=1e-6, atol=0)
 
 
-def test_prefill_logits(case):
-    check_prefill(case)
-
-
-def test_chunked_prefill(case):
-    check_chunked(case)
-
-
-def test_greedy_decode(case):
-    check_greedy(case)
+@pytest.mark.parametrize("check", ["prefill", "chunked", "greedy"])
+def test_parity(case, check):
+    PARITY_CHECKS[check](case)
 
 
 def test_bf16(case):

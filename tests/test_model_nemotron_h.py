@@ -29,14 +29,13 @@ if not hasattr(_la, "linear_attention"):  # the kernels API is not there yet: th
 
     _la.linear_attention, _la.recurrent_step = _linear_attention, _recurrent_step
 
+from hf_parity import PARITY_CHECKS, reference_case  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from tiny import hf_prefill_logits, load_hf, save_tiny  # noqa: E402
+from tiny import save_tiny  # noqa: E402
 
 from common.engine import HybridEngine  # noqa: E402
 from common.loader import CheckpointError  # noqa: E402
 
-TOL = 1e-4
-N_PROMPT, CHUNK, STEPS = 300, 100, 20
 
 COMMON_NH = dict(
     vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -87,45 +86,10 @@ def _build(name: str, out: Path) -> Path:
     return path
 
 
-@torch.inference_mode()
-def hf_chunked_and_greedy(model, ids, chunks, steps):
-    """tiny.hf_chunked_and_greedy with explicit position ids: BambaModel.forward numbers a call's
-    tokens from 0 whatever the cache holds (no past_seen_tokens offset), so a continued prefill of
-    transformers' Bamba is wrong unless it is given positions. NemotronH has no RoPE."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    bounds = [round(i * len(ids) / chunks) for i in range(chunks + 1)]
-    pieces = []
-    for a, b in zip(bounds, bounds[1:]):
-        out = model(torch.tensor([ids[a:b]]), position_ids=torch.arange(a, b)[None], past_key_values=cache,
-                    use_cache=True)
-        cache = out.past_key_values
-        pieces.append(out.logits[0].float())
-    logits, pos = pieces[-1][-1], len(ids)
-    tokens, step_logits = [], []
-    for _ in range(steps):
-        step_logits.append(logits)
-        tok = int(torch.argmax(logits))
-        tokens.append(tok)
-        out = model(torch.tensor([[tok]]), position_ids=torch.tensor([[pos]]), past_key_values=cache, use_cache=True)
-        cache, pos = out.past_key_values, pos + 1
-        logits = out.logits[0, -1].float()
-    return torch.cat(pieces, 0), tokens, step_logits
-
-
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def case(request, tmp_path_factory):
     name = request.param
-    path = _build(name, tmp_path_factory.mktemp(name))
-    hf = load_hf(path)
-    ids = torch.randint(0, 512, (N_PROMPT,), generator=torch.Generator().manual_seed(1)).tolist()
-    ref = hf_prefill_logits(hf, ids)
-    ref_chunked, ref_tokens, ref_steps = hf_chunked_and_greedy(hf, ids, N_PROMPT // CHUNK, STEPS)
-    del hf
-    eng = HybridEngine.from_pretrained(path, dtype=torch.float32)
-    return dict(name=name, path=path, ids=ids, ref=ref, ref_chunked=ref_chunked, ref_tokens=ref_tokens,
-                ref_steps=ref_steps, eng=eng)
+    return reference_case(name, _build(name, tmp_path_factory.mktemp(name)), 512)
 
 
 def _report(case, check, diff):
@@ -137,45 +101,9 @@ def test_structure_and_reference_scale(case):
     assert case["ref"].std() > 0.1, "reference logits too small for a meaningful comparison"
 
 
-def test_prefill_logits(case):
-    out = case["eng"].prefill(case["ids"], return_all_logits=True)
-    diff = (out.all_logits - case["ref"]).abs().max().item()
-    _report(case, "prefill", diff)
-    assert diff < TOL
-    assert torch.equal(out.logits, out.all_logits[-1])
-
-
-def test_chunked_prefill(case):
-    out = case["eng"].prefill(case["ids"], chunk_size=CHUNK, return_all_logits=True)
-    diff = (out.all_logits - case["ref_chunked"]).abs().max().item()
-    _report(case, "chunked prefill", diff)
-    assert diff < TOL
-    assert (case["ref_chunked"] - case["ref"]).abs().max() < TOL  # the reference agrees with itself
-
-
-def test_greedy_decode(case):
-    eng = case["eng"]
-    out = eng.prefill(case["ids"], chunk_size=CHUNK)
-    logits, state = out.logits, out.state
-    tokens, worst = [], 0.0
-    for ref_logits in case["ref_steps"]:
-        worst = max(worst, (logits - ref_logits).abs().max().item())
-        tok = int(torch.argmax(logits))
-        tokens.append(tok)
-        logits, state = eng.decode_step(tok, state)
-    _report(case, "greedy decode", worst)
-    assert tokens == case["ref_tokens"]
-    assert worst < TOL
-
-
-def test_state_is_not_mutated(case):
-    """Continuing twice from one cached state gives the same logits (layers never mutate it)."""
-    eng, ids = case["eng"], case["ids"]
-    prefix = eng.prefill(ids[:150])
-    a = eng.prefill(ids[150:], state=prefix.state).logits
-    b = eng.prefill(ids[150:], state=prefix.state).logits
-    assert torch.equal(a, b)
-    assert (a - case["ref"][-1]).abs().max() < TOL
+@pytest.mark.parametrize("check", ["prefill", "chunked", "greedy", "state"])
+def test_parity(case, check):
+    PARITY_CHECKS[check](case)
 
 
 def test_bf16(case):

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from common.engine import HybridEngine
 
-from hf_parity import build_case, check_bf16, check_chunked, check_greedy, check_loading_error, check_prefill, resave
+from hf_parity import PARITY_CHECKS, build_case, check_bf16, check_loading_error, resave
 from tiny import save_tiny
 
 # key_dim 32 != value_dim 64: transformers' save_pretrained writes its fused short conv as three equal
@@ -43,16 +43,9 @@ def test_structure_and_negative_eigenvalues(case):
     assert 0 < beta.min() and beta.max() < 2 and (beta > 1).any()  # 1 - beta < 0 occurs
 
 
-def test_prefill_logits(case):
-    check_prefill(case)
-
-
-def test_chunked_prefill(case):
-    check_chunked(case)
-
-
-def test_greedy_decode(case):
-    check_greedy(case)
+@pytest.mark.parametrize("check", ["prefill", "chunked", "greedy"])
+def test_parity(case, check):
+    PARITY_CHECKS[check](case)
 
 
 def test_bf16(case):

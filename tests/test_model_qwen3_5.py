@@ -8,7 +8,8 @@ from safetensors.torch import load_file, save_file
 from common.engine import HybridEngine
 from common.loader import CheckpointError
 from common.models import UnsupportedArchitecture
-from tiny import hf_chunked_and_greedy, hf_prefill_logits, load_hf, save_tiny
+from hf_parity import check_matches_transformers, check_prefill_keeps_given_state
+from tiny import load_hf, save_tiny
 
 BASE = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -34,23 +35,7 @@ def test_matches_transformers(checkpoint):
     hf = load_hf(path)
     eng = HybridEngine.from_pretrained(path)
     assert eng.model_type == mt
-    ids = torch.randint(0, 512, (300,), generator=torch.Generator().manual_seed(5)).tolist()
-
-    ref = hf_prefill_logits(hf, ids)
-    assert ref.std() > 0.1  # a model whose logits are all ~0 would make the comparison empty
-    full = eng.prefill(ids, return_all_logits=True)
-    assert (full.all_logits - ref).abs().max() < 1e-4
-
-    ref_chunked, ref_tokens, ref_step_logits = hf_chunked_and_greedy(hf, ids, chunks=3, steps=20)
-    chunked = eng.prefill(ids, chunk_size=100, return_all_logits=True)
-    assert (chunked.all_logits - ref_chunked).abs().max() < 1e-4
-
-    tokens = eng.generate(ids, max_new_tokens=20)
-    assert tokens == ref_tokens
-    logits, state = chunked.logits, chunked.state
-    for tok, ref_logits in zip(ref_tokens, ref_step_logits):
-        assert (logits - ref_logits).abs().max() < 1e-4
-        logits, state = eng.decode_step(tok, state)
+    check_matches_transformers(hf, eng)
 
 
 def test_bf16_close_to_fp32(checkpoint):
@@ -64,13 +49,7 @@ def test_bf16_close_to_fp32(checkpoint):
 
 
 def test_prefill_does_not_mutate_given_state(checkpoint):
-    _, path = checkpoint
-    eng = HybridEngine.from_pretrained(path)
-    a = eng.prefill(list(range(40)))
-    first = eng.prefill(list(range(40, 60)), state=a.state).logits
-    again = eng.prefill(list(range(40, 60)), state=a.state).logits
-    assert torch.equal(first, again)
-    assert a.state.seq_len == 40
+    check_prefill_keeps_given_state(HybridEngine.from_pretrained(checkpoint[1]))
 
 
 def test_bad_tokens_and_empty(checkpoint):

@@ -3,7 +3,6 @@ transformers' own model on tiny random checkpoints. A hybrid layer is two of our
 block at its slot, then the Mamba2 layer; common/models/zamba2.py)."""
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -13,14 +12,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from hf_parity import (  # noqa: E402
-    TOL, check_bf16, check_chunked, check_greedy, check_prefill, check_state_not_mutated, reference_case,
-)
-from safetensors.torch import load_file, save_file  # noqa: E402
+from hf_parity import PARITY_CHECKS, check_bf16, check_loading_error, reference_case  # noqa: E402
 from tiny import PIC_CONFIGS, save_tiny  # noqa: E402
-
-from common.engine import HybridEngine  # noqa: E402
-from common.loader import CheckpointError  # noqa: E402
 
 CONFIGS = {
     "zamba2": PIC_CONFIGS["zamba2"],  # 2 shared blocks over 3 hybrid layers, adapters, RoPE
@@ -52,26 +45,9 @@ def test_structure_and_shared_weights(case):
     assert len({id(b) for b in blocks}) == n_mem
 
 
-def test_prefill_logits(case):
-    diff = check_prefill(case)
-    print(f"[{case['name']}] prefill max abs diff {diff:.3g}")
-    assert diff < TOL
-
-
-def test_chunked_prefill(case):
-    diff = check_chunked(case)
-    print(f"[{case['name']}] chunked prefill max abs diff {diff:.3g}")
-    assert diff < TOL
-
-
-def test_greedy_decode(case):
-    tokens, worst = check_greedy(case)
-    print(f"[{case['name']}] greedy decode max abs diff {worst:.3g}")
-    assert tokens == case["ref_tokens"] and worst < TOL
-
-
-def test_state_is_not_mutated(case):
-    check_state_not_mutated(case)
+@pytest.mark.parametrize("check", ["prefill", "chunked", "greedy", "state"])
+def test_parity(case, check):
+    PARITY_CHECKS[check](case)
 
 
 def test_bf16(case):
@@ -95,14 +71,4 @@ def test_each_hybrid_layer_keeps_its_own_keys(case):
     ("model.layers.3.mamba.in_proj.weight", "shape"),
 ])
 def test_bad_checkpoint_names_the_tensor(tensor, edit, tmp_path):
-    src = save_tiny("zamba2", tmp_path / "ok", seed=0, **CONFIGS["zamba2"])
-    dst = tmp_path / "bad"
-    shutil.copytree(src, dst)
-    sd = load_file(str(dst / "model.safetensors"))
-    if edit == "drop":
-        sd.pop(tensor)
-    else:
-        sd[tensor] = sd[tensor][:-1].clone()
-    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match=tensor.replace(".", r"\.")):
-        HybridEngine.from_pretrained(dst)
+    check_loading_error(save_tiny("zamba2", tmp_path / "ok", seed=0, **CONFIGS["zamba2"]), tensor, edit, tmp_path)

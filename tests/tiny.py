@@ -31,13 +31,18 @@ def hf_prefill_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0].float()
 
 
-@torch.inference_mode()
-def hf_chunked_and_greedy(model, ids: list[int], chunks: int, steps: int):
-    """transformers' model: logits after a prefill split in `chunks`, then `steps` greedy tokens
-    with the logits seen before each of them."""
+def dynamic_cache(model):
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    return DynamicCache(config=model.config)
+
+
+@torch.inference_mode()
+def hf_chunked_and_greedy(model, ids: list[int], chunks: int, steps: int, new_cache=dynamic_cache):
+    """transformers' model: logits after a prefill split in `chunks`, then `steps` greedy tokens
+    with the logits seen before each of them; the cache is made by `new_cache(model)` (MiniMax
+    needs its own cache class)."""
+    cache = new_cache(model)
     bounds = [round(i * len(ids) / chunks) for i in range(chunks + 1)]
     chunk_logits = []
     for a, b in zip(bounds, bounds[1:]):

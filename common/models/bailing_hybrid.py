@@ -31,14 +31,12 @@ from common.layers.attention import attend
 from common.layers.conv import causal_conv
 from common.layers.mlp import GatedMLP
 from common.layers.norm import RMSNorm
-from common.layers.rotary import RotaryEmbedding
 from common.models.base import ForwardContext, HybridLM
+from common.models.decoder import ChunkedLinearMixer, PreNormLayer, default_rotary, route_to_experts
 from common.models.kimi_linear import KimiRouter, SigmoidGatedRMSNorm, l2norm
-from common.state import LinearLayerState
-from kernels.linear_attn import linear_attention, recurrent_step
 
 
-class BailingDeltaAttention(nn.Module):
+class BailingDeltaAttention(ChunkedLinearMixer):
     """KDA mixer of Ring / Ling 2.5."""
 
     family = "kda"
@@ -98,15 +96,6 @@ class BailingDeltaAttention(nn.Module):
         B, T = o.shape[:2]
         return self.dense(self.o_norm(o.to(dtype), out_gate).reshape(B, T, self.dim))
 
-    def forward(self, x, state: LinearLayerState | None, ctx: ForwardContext):
-        q, k, v, g, beta, out_gate, tail = self.features(x, None if state is None else state.conv)
-        S0 = None if state is None else state.recurrent
-        if x.shape[1] == 1 and S0 is not None:
-            o, S = recurrent_step(self.family, q, k, v, g=g, beta=beta, state=S0, scale=self.scale)
-        else:
-            o, S = linear_attention(self.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=self.scale)
-        return self.output(o, out_gate, x.dtype), LinearLayerState(tail, S)
-
 
 def deinterleave(x: torch.Tensor) -> torch.Tensor:
     """(x0, x1, x2, x3, ...) -> (x0, x2, ..., x1, x3, ...): interleaved-pair RoPE == rotate-half on this."""
@@ -130,10 +119,7 @@ class BailingMLA(nn.Module):
         self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.n_heads * (self.nope + self.v_dim), bias=False)
         self.dense = nn.Linear(self.n_heads * self.v_dim, self.hidden, bias=bias)
         self.g_proj = nn.Linear(self.hidden, self.n_heads, bias=False)
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"bailing_hybrid: unsupported rope_type {rope.get('rope_type')!r}")
-        self.rotary = RotaryEmbedding(self.rope, rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        self.rotary = default_rotary(cfg, self.rope, "bailing_hybrid")
         self.scale = self.qk_dim**-0.5
 
     def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -183,14 +169,13 @@ class BailingMoE(nn.Module):
         shape = x.shape
         h = x.reshape(-1, shape[-1])
         w, idx = self.gate(h)
-        out = torch.zeros_like(h)
-        for e in torch.unique(idx).tolist():
-            tok, slot = torch.where(idx == e)
-            out.index_add_(0, tok, (self.experts[e](h[tok]) * w[tok, slot, None]).to(h.dtype))
+        out = route_to_experts(h, w, idx, lambda e, t: self.experts[e](t))
         return (out + self.shared_experts(h)).view(shape)
 
 
-class BailingLayer(nn.Module):
+class BailingLayer(PreNormLayer):
+    MIXER = {"linear": "attention", "attention": "attention"}  # both mixers: the checkpoint's "attention"
+
     def __init__(self, cfg, idx: int):
         super().__init__()
         self.kind = "attention" if cfg.layer_types[idx] == "full_attention" else "linear"
@@ -199,15 +184,6 @@ class BailingLayer(nn.Module):
         self.mlp = BailingMoE(cfg) if sparse else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-
-    @property
-    def mixer(self):
-        return self.attention
-
-    def forward(self, x, state, ctx):
-        h, new_state = ctx.mix(self.mixer, self.input_layernorm(x), state)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x)), new_state
 
 
 class BailingHybridLM(HybridLM):
@@ -218,16 +194,9 @@ class BailingHybridLM(HybridLM):
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         # the MTP layers past num_hidden_layers (training only) are left in the checkpoint
-        self.layers = nn.ModuleList(BailingLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.build(cfg, (BailingLayer(cfg, i) for i in range(cfg.num_hidden_layers)),
+                   RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), embeddings="word_embeddings")
 
     @property
     def embed_tokens(self) -> nn.Embedding:  # HybridLM's name; the checkpoint says word_embeddings

@@ -65,6 +65,22 @@ class HybridLM(nn.Module):
         self.layer_kinds: list[str] = []  # per layer: "linear", "attention" or "mlp"
         self.vocab_size = 0
 
+    def build(self, cfg, layers, norm: nn.Module, *, tie: bool | None = None,
+              embeddings: str = "embed_tokens", final_norm: str = "norm"):
+        """What every model's __init__ shares: the embeddings, the layers (an iterable, consumed
+        after the embeddings are made) and their kinds, the final norm and the head. `tie` None
+        reads config.tie_word_embeddings (default False); `embeddings` and `final_norm` are the
+        attribute names the checkpoint uses."""
+        self.config = cfg
+        self.vocab_size = cfg.vocab_size
+        setattr(self, embeddings, nn.Embedding(cfg.vocab_size, cfg.hidden_size))
+        self.layers = nn.ModuleList(layers)
+        self.layer_kinds = [layer.kind for layer in self.layers]
+        setattr(self, final_norm, norm)
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False)) if tie is None else tie
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
     # -- forward -----------------------------------------------------------------------------
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

@@ -27,8 +27,8 @@ from torch import nn
 from common.layers.mamba2 import Mamba2Mixer
 from common.layers.mlp import activation
 from common.layers.norm import GatedRMSNorm, RMSNorm
-from common.layers.rotary import RotaryEmbedding
 from common.models.base import HybridLM
+from common.models.decoder import default_rotary
 from common.models.nemotron_h import Attention
 
 _NORMED_INPUT = "falcon_h1.normed_input"  # ctx.cache key: layer 2i's normed input for layer 2i+1
@@ -110,10 +110,7 @@ class FalconH1AttentionPart(nn.Module):
         super().__init__()
         D, n_q = cfg.hidden_size, cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or D // n_q
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"falcon_h1: unsupported rope_type {rope.get('rope_type')!r}")
-        rotary = RotaryEmbedding(head_dim, rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        rotary = default_rotary(cfg, head_dim, "falcon_h1")
         self.self_attn = KeyScaledAttention(D, n_q, cfg.num_key_value_heads, head_dim, bias=cfg.attention_bias,
                                             rotary=rotary, key_multiplier=cfg.key_multiplier)
         self.input_layernorm = RMSNorm(D, cfg.rms_norm_eps)
@@ -159,20 +156,11 @@ class FalconH1LM(HybridLM):
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        parts = []
-        for _ in range(cfg.num_hidden_layers):
-            parts += [FalconH1AttentionPart(cfg), FalconH1MambaPart(cfg)]
-        self.layers = nn.ModuleList(parts)
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.final_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        parts = (part for _ in range(cfg.num_hidden_layers) for part in (FalconH1AttentionPart(cfg),
+                                                                         FalconH1MambaPart(cfg)))
+        self.build(cfg, parts, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), final_norm="final_layernorm")
         self.embedding_multiplier = float(cfg.embedding_multiplier)
         self.lm_head_multiplier = float(cfg.lm_head_multiplier)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     @property
     def norm(self) -> nn.Module:

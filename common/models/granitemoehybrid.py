@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.layers.mamba2 import Mamba2Mixer
 from common.layers.mlp import activation
 from common.layers.norm import RMSNorm
 from common.layers.rotary import RotaryEmbedding
 from common.models.base import HybridLM
+from common.models.decoder import PreNormLayer, default_rotary, mamba2_from_config, route_to_experts
 from common.models.nemotron_h import Attention
 
 
@@ -65,35 +65,31 @@ class GraniteMoE(nn.Module):
         h = x.reshape(-1, shape[-1])
         top_logits, idx = self.router.layer(h).float().topk(self.top_k, dim=-1)
         w = torch.softmax(top_logits, dim=-1).to(h.dtype)
-        out = torch.zeros_like(h)
-        for e in torch.unique(idx).tolist():
-            tok, slot = torch.where(idx == e)
-            gate, up = F.linear(h[tok], self.input_linear.weight[e]).chunk(2, dim=-1)
-            y = F.linear(self.act(gate) * up, self.output_linear.weight[e])
-            out.index_add_(0, tok, y * w[tok, slot, None])
-        return out.view(shape)
+        return route_to_experts(h, w, idx, self.expert).view(shape)
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.input_linear.weight[e]).chunk(2, dim=-1)
+        return F.linear(self.act(gate) * up, self.output_linear.weight[e])
 
 
 def _rotary(cfg, head_dim: int) -> RotaryEmbedding | None:
     if getattr(cfg, "position_embedding_type", None) != "rope":
         return None  # NoPE
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"granitemoehybrid: unsupported rope_type {rope.get('rope_type')!r}")
-    return RotaryEmbedding(head_dim, rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    return default_rotary(cfg, head_dim, "granitemoehybrid")
 
 
-class GraniteLayer(nn.Module):
+class GraniteLayer(PreNormLayer):
+    """The mixer as in PreNormLayer; the feed-forward is the shared MLP (+ the MoE), both branches
+    scaled by residual_multiplier."""
+
+    MIXER = {"linear": "mamba", "attention": "self_attn"}
+
     def __init__(self, cfg, idx: int):
         super().__init__()
         D = cfg.hidden_size
         self.kind = "linear" if cfg.layer_types[idx] == "linear_attention" else "attention"
         if self.kind == "linear":
-            self.mamba = Mamba2Mixer(
-                D, cfg.mamba_n_heads, cfg.mamba_d_head, cfg.mamba_d_state, cfg.mamba_n_groups, cfg.mamba_d_conv,
-                cfg.rms_norm_eps, proj_bias=cfg.mamba_proj_bias, conv_bias=cfg.mamba_conv_bias,
-                activation=cfg.hidden_act, dt_limit=cfg.time_step_limit,
-            )
+            self.mamba = mamba2_from_config(cfg)
         else:
             head_dim = getattr(cfg, "head_dim", None) or D // cfg.num_attention_heads
             self.self_attn = Attention(D, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim,
@@ -107,10 +103,6 @@ class GraniteLayer(nn.Module):
         self.input_layernorm = RMSNorm(D, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(D, cfg.rms_norm_eps)
         self.residual_multiplier = float(cfg.residual_multiplier)
-
-    @property
-    def mixer(self):
-        return self.mamba if self.kind == "linear" else self.self_attn
 
     def forward(self, x, state, ctx):
         h, new_state = ctx.mix(self.mixer, self.input_layernorm(x), state)
@@ -128,17 +120,10 @@ class GraniteMoeHybridLM(HybridLM):
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(GraniteLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.build(cfg, (GraniteLayer(cfg, i) for i in range(cfg.num_hidden_layers)),
+                   RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
         self.embedding_multiplier = float(cfg.embedding_multiplier)
         self.logits_scaling = float(cfg.logits_scaling)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids) * self.embedding_multiplier

@@ -18,6 +18,7 @@ from common.layers.mamba import MambaMixer
 from common.layers.mlp import GatedMLP
 from common.layers.norm import RMSNorm
 from common.models.base import HybridLM
+from common.models.decoder import PreNormLayer, route_to_experts
 from common.models.nemotron_h import Attention
 
 
@@ -36,14 +37,13 @@ class JambaMoE(nn.Module):
         probs = torch.softmax(self.router(h).float(), dim=-1)
         top_w, top_idx = torch.topk(probs, self.top_k, dim=-1)
         top_w = top_w.to(h.dtype)
-        out = torch.zeros_like(h)
-        for e in torch.unique(top_idx).tolist():
-            tok, slot = torch.where(top_idx == e)
-            out.index_add_(0, tok, self.experts[e](h[tok]) * top_w[tok, slot, None])
-        return out.view(shape)
+        return route_to_experts(h, top_w, top_idx, lambda e, t: self.experts[e](t)).view(shape)
 
 
-class JambaLayer(nn.Module):
+class JambaLayer(PreNormLayer):
+    MIXER = {"linear": "mamba", "attention": "self_attn"}
+    FFN, FFN_NORM = "feed_forward", "pre_ff_layernorm"
+
     def __init__(self, cfg, idx: int):
         super().__init__()
         self.kind = "attention" if cfg.layers_block_type[idx] == "attention" else "linear"
@@ -64,16 +64,6 @@ class JambaLayer(nn.Module):
         self.input_layernorm = RMSNorm(D, cfg.rms_norm_eps)
         self.pre_ff_layernorm = RMSNorm(D, cfg.rms_norm_eps)
 
-    @property
-    def mixer(self):
-        return self.mamba if self.kind == "linear" else self.self_attn
-
-    def forward(self, x, state, ctx):
-        h, new_state = ctx.mix(self.mixer, self.input_layernorm(x), state)
-        x = x + h
-        x = x + self.feed_forward(self.pre_ff_layernorm(x))
-        return x, new_state
-
 
 class JambaLM(HybridLM):
     arch = "jamba"
@@ -81,15 +71,8 @@ class JambaLM(HybridLM):
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(JambaLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.final_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.build(cfg, (JambaLayer(cfg, i) for i in range(cfg.num_hidden_layers)),
+                   RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), final_norm="final_layernorm")
 
     @property
     def norm(self) -> nn.Module:  # HybridLM's forward applies self.norm; the checkpoint says final_layernorm

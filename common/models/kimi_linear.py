@@ -32,8 +32,9 @@ from common.layers.conv import causal_conv
 from common.layers.mlp import GatedMLP, activation
 from common.layers.norm import RMSNorm
 from common.models.base import ForwardContext, HybridLM
-from common.state import AttentionLayerState, LinearLayerState
-from kernels.linear_attn import linear_attention, operand_dtype, recurrent_step
+from common.models.decoder import ChunkedLinearMixer, PreNormLayer, route_to_experts
+from common.state import AttentionLayerState
+from kernels.linear_attn import operand_dtype
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -57,7 +58,7 @@ class SigmoidGatedRMSNorm(nn.Module):
         return (h * torch.sigmoid(gate.float())).to(dtype)
 
 
-class KimiDeltaAttention(nn.Module):
+class KimiDeltaAttention(ChunkedLinearMixer):
     """KDA mixer. The recurrence runs in kernels.linear_attn ("kda")."""
 
     family = "kda"
@@ -132,15 +133,6 @@ class KimiDeltaAttention(nn.Module):
         B, T = o.shape[:2]
         o = self.o_norm(o.to(dtype), out_gate)
         return self.o_proj(o.reshape(B, T, self.dim))
-
-    def forward(self, x, state: LinearLayerState | None, ctx: ForwardContext):
-        q, k, v, g, beta, out_gate, tail = self.features(x, None if state is None else state.conv)
-        S0 = None if state is None else state.recurrent
-        if x.shape[1] == 1 and S0 is not None:
-            o, S = recurrent_step(self.family, q, k, v, g=g, beta=beta, state=S0, scale=self.scale)
-        else:
-            o, S = linear_attention(self.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=self.scale)
-        return self.output(o, out_gate, x.dtype), LinearLayerState(tail, S)
 
 
 class MLAttention(nn.Module):
@@ -276,16 +268,13 @@ class KimiSparseMoe(nn.Module):
         shape = x.shape
         h = x.reshape(-1, shape[-1])
         w, idx = self.gate(h)
-        out = torch.zeros_like(h)
-        for e in torch.unique(idx).tolist():
-            tok, slot = torch.where(idx == e)
-            out.index_add_(0, tok, (self.experts[e](h[tok]) * w[tok, slot, None]).to(h.dtype))
+        out = route_to_experts(h, w, idx, lambda e, t: self.experts[e](t))
         if self.shared_experts is not None:
             out = out + self.shared_experts(h)
         return out.view(shape)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(PreNormLayer):  # both mixers live under self_attn (the checkpoint's name)
     def __init__(self, cfg, idx: int):
         super().__init__()
         self.kind = "attention" if cfg.layer_types[idx] == "full_attention" else "linear"
@@ -296,16 +285,6 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    @property
-    def mixer(self):
-        return self.self_attn
-
-    def forward(self, x, state, ctx):
-        h, new_state = ctx.mix(self.mixer, self.input_layernorm(x), state)
-        x = x + h
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, new_state
-
 
 class KimiLinearLM(HybridLM):
     arch = "kimi_linear"
@@ -314,15 +293,9 @@ class KimiLinearLM(HybridLM):
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # transformers' KimiLinearForCausalLM never ties the head (_tied_weights_keys = {}).
-        self.tie_word_embeddings = False
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.build(cfg, (DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers)),
+                   RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), tie=False)
 
     def checkpoint_name_fn(self, reader):
         base = super().checkpoint_name_fn(reader)

@@ -32,6 +32,7 @@ from common.layers.mlp import activation
 from common.layers.norm import RMSNorm
 from common.layers.rotary import RotaryEmbedding
 from common.models.base import ForwardContext, HybridLM
+from common.models.decoder import PreNormLayer, default_rotary, route_to_experts
 from common.models.kimi_linear import KimiExpert
 from common.models.nemotron_h import Attention
 from common.state import LinearLayerState
@@ -111,22 +112,17 @@ class MiniMaxSparseMoe(nn.Module):
         probs = torch.softmax(self.gate(h).float(), dim=-1)
         w, idx = torch.topk(probs, self.top_k, dim=-1)
         w = w / w.sum(-1, keepdim=True)
-        out = torch.zeros_like(h)
-        for e in torch.unique(idx).tolist():
-            tok, slot = torch.where(idx == e)
-            out.index_add_(0, tok, (self.experts[e](h[tok]) * w[tok, slot, None]).to(h.dtype))
-        return out.view(shape)
+        return route_to_experts(h, w, idx, lambda e, t: self.experts[e](t)).view(shape)
 
 
 def _rotary(cfg, head_dim: int) -> RotaryEmbedding:
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"minimax: unsupported rope_type {rope.get('rope_type')!r}")
     # transformers' MiniMax rotates the whole head (its default rope ignores any partial factor)
-    return RotaryEmbedding(head_dim, rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    return default_rotary(cfg, head_dim, "minimax")
 
 
-class MiniMaxLayer(nn.Module):
+class MiniMaxLayer(PreNormLayer):
+    """The mixer as in PreNormLayer (self_attn); the residuals are MiniMax's alpha/beta mixes."""
+
     def __init__(self, cfg, idx: int):
         super().__init__()
         D = cfg.hidden_size
@@ -144,10 +140,6 @@ class MiniMaxLayer(nn.Module):
         self.input_layernorm = RMSNorm(D, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(D, cfg.rms_norm_eps)
 
-    @property
-    def mixer(self):
-        return self.self_attn
-
     def forward(self, x, state, ctx):
         h = self.input_layernorm(x)
         a, new_state = ctx.mix(self.mixer, h, state)
@@ -163,12 +155,5 @@ class MiniMaxLM(HybridLM):
         super().__init__()
         if getattr(cfg, "sliding_window", None) is not None:
             raise ValueError("minimax: sliding-window attention layers are not supported")
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(MiniMaxLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.build(cfg, (MiniMaxLayer(cfg, i) for i in range(cfg.num_hidden_layers)),
+                   RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))

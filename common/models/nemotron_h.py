@@ -177,13 +177,9 @@ class NemotronHLM(HybridLM):
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(NemotronHBlock(cfg, i) for i in range(len(cfg.layers_block_type)))
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.norm_f = FP32RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.build(cfg, (NemotronHBlock(cfg, i) for i in range(len(cfg.layers_block_type))),
+                   FP32RMSNorm(cfg.hidden_size, cfg.layer_norm_epsilon), tie=False,
+                   embeddings="embeddings", final_norm="norm_f")
 
     # HybridLM's forward/logits use embed_tokens and norm; the checkpoint calls them so.
     @property

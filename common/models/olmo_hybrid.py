@@ -34,13 +34,12 @@ from common.layers.mlp import GatedMLP
 from common.layers.norm import GatedRMSNorm
 from common.layers.rotary import RotaryEmbedding
 from common.models.base import ForwardContext, HybridLM
+from common.models.decoder import ChunkedLinearMixer, PreNormLayer
 from common.models.nemotron_h import FP32RMSNorm
 from common.models.qwen3_5 import l2norm
-from common.state import LinearLayerState
-from kernels.linear_attn import linear_attention, recurrent_step
 
 
-class OlmoGatedDeltaNet(nn.Module):
+class OlmoGatedDeltaNet(ChunkedLinearMixer):
     family = "gated_deltanet"
 
     def __init__(self, cfg):
@@ -96,15 +95,6 @@ class OlmoGatedDeltaNet(nn.Module):
         o = self.o_norm(o.to(dtype), gate)
         return self.o_proj(o.reshape(B, T, self.value_dim))
 
-    def forward(self, x, state: LinearLayerState | None, ctx: ForwardContext):
-        q, k, v, g, beta, aux, tail = self.features(x, None if state is None else state.conv)
-        S0 = None if state is None else state.recurrent
-        if x.shape[1] == 1 and S0 is not None:
-            o, S = recurrent_step(self.family, q, k, v, g=g, beta=beta, state=S0, scale=self.scale)
-        else:
-            o, S = linear_attention(self.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=self.scale)
-        return self.output(o, aux, x.dtype), LinearLayerState(tail, S)
-
 
 class OlmoAttention(nn.Module):
     """GQA with q/k RMSNorm over all heads (fp32 weight multiply) and optional full-head RoPE."""
@@ -154,7 +144,11 @@ class OlmoAttention(nn.Module):
         return self.rotary.rerotate(keys.float(), delta).to(keys.dtype)
 
 
-class OlmoHybridLayer(nn.Module):
+class OlmoHybridLayer(PreNormLayer):
+    """Linear layers: PreNormLayer; attention layers: post-norm (OLMo-3)."""
+
+    MIXER = {"linear": "linear_attn", "attention": "self_attn"}
+
     def __init__(self, cfg, idx: int):
         super().__init__()
         D, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -168,15 +162,9 @@ class OlmoHybridLayer(nn.Module):
             self.self_attn = OlmoAttention(cfg)
             self.post_feedforward_layernorm = FP32RMSNorm(D, eps)
 
-    @property
-    def mixer(self):
-        return self.linear_attn if self.kind == "linear" else self.self_attn
-
     def forward(self, x, state, ctx):
-        if self.kind == "linear":  # pre-norm
-            h, new_state = ctx.mix(self.mixer, self.input_layernorm(x), state)
-            x = x + h
-            return x + self.mlp(self.post_attention_layernorm(x)), new_state
+        if self.kind == "linear":
+            return super().forward(x, state, ctx)
         h, new_state = ctx.mix(self.mixer, x, state)  # post-norm
         x = x + self.post_attention_layernorm(h)
         return x + self.post_feedforward_layernorm(self.mlp(x)), new_state
@@ -190,15 +178,8 @@ class OlmoHybridLM(HybridLM):
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(OlmoHybridLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.norm = FP32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.build(cfg, (OlmoHybridLayer(cfg, i) for i in range(cfg.num_hidden_layers)),
+                   FP32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps))
 
     def checkpoint_name_fn(self, reader):
         base = super().checkpoint_name_fn(reader)

@@ -16,15 +16,15 @@ from common.layers.mlp import GatedMLP, QwenSparseMoe
 from common.layers.norm import GatedRMSNorm, RMSNorm
 from common.layers.rotary import RotaryEmbedding
 from common.models.base import ForwardContext, HybridLM
-from common.state import LinearLayerState
-from kernels.linear_attn import linear_attention, operand_dtype, recurrent_step
+from common.models.decoder import ChunkedLinearMixer, PreNormLayer
+from kernels.linear_attn import operand_dtype
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(ChunkedLinearMixer):
     """Qwen3.5 GDN mixer. The recurrence runs in kernels.linear_attn ("gated_deltanet")."""
 
     family = "gated_deltanet"
@@ -89,15 +89,6 @@ class GatedDeltaNet(nn.Module):
         o = self.norm(o.to(dtype), z)
         return self.out_proj(o.reshape(B, T, self.value_dim))
 
-    def forward(self, x, state: LinearLayerState | None, ctx: ForwardContext):
-        q, k, v, g, beta, z, tail = self.features(x, None if state is None else state.conv)
-        S0 = None if state is None else state.recurrent
-        if x.shape[1] == 1 and S0 is not None:
-            o, S = recurrent_step(self.family, q, k, v, g=g, beta=beta, state=S0, scale=self.scale)
-        else:
-            o, S = linear_attention(self.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=self.scale)
-        return self.output(o, z, x.dtype), LinearLayerState(tail, S)
-
 
 class FusedGatedDeltaNet(GatedDeltaNet):
     """Qwen3-Next: q,k,v,z and b,a come from two fused projections, grouped per key head."""
@@ -158,7 +149,9 @@ class GatedAttention(nn.Module):
         return self.o_proj(o.reshape(B, T, -1) * torch.sigmoid(gate)), new_state
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(PreNormLayer):
+    MIXER = {"linear": "linear_attn", "attention": "self_attn"}
+
     def __init__(self, cfg, idx: int, fused: bool):
         super().__init__()
         self.kind = "linear" if cfg.layer_types[idx] == "linear_attention" else "attention"
@@ -178,16 +171,6 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
 
-    @property
-    def mixer(self):
-        return self.linear_attn if self.kind == "linear" else self.self_attn
-
-    def forward(self, x, state, ctx):
-        h, new_state = ctx.mix(self.mixer, self.input_layernorm(x), state)
-        x = x + h
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, new_state
-
 
 class Qwen35LM(HybridLM):
     arch = "qwen3_5"
@@ -196,17 +179,8 @@ class Qwen35LM(HybridLM):
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, self.fused_projections) for i in range(cfg.num_hidden_layers)
-        )
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.build(cfg, (DecoderLayer(cfg, i, self.fused_projections) for i in range(cfg.num_hidden_layers)),
+                   RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True))
 
 
 class Qwen3NextLM(Qwen35LM):

@@ -192,26 +192,22 @@ class Zamba2LM(HybridLM):
 
     def __init__(self, cfg):
         super().__init__()
-        self.config = cfg
-        self.vocab_size = cfg.vocab_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.source = []  # source[j] = (transformers layer index, "block" | "mamba" | "hybrid mamba")
+        self.build(cfg, self._parts(cfg), RMSNorm(cfg.hidden_size, cfg.rms_norm_eps),
+                   tie=bool(getattr(cfg, "tie_word_embeddings", True)), final_norm="final_layernorm")
+
+    def _parts(self, cfg):
+        """Our layers in order (a hybrid layer is a block part then a Mamba part), noting each one's source."""
         blocks = [SharedBlock(cfg, b) for b in range(min(cfg.num_mem_blocks, len(cfg.hybrid_layer_ids)))]
-        parts, self.source = [], []  # source[j] = (transformers layer index, "block" | "mamba" | "hybrid mamba")
         for L, kind in enumerate(cfg.layers_block_type):
             if kind == "hybrid":
                 slot = cfg.hybrid_layer_ids.index(L)
-                parts.append(Zamba2BlockPart(cfg, blocks[slot % cfg.num_mem_blocks], slot))
                 self.source.append((L, "block"))
+                yield Zamba2BlockPart(cfg, blocks[slot % cfg.num_mem_blocks], slot)
             elif kind not in ("mamba", "linear_attention"):
                 raise ValueError(f"zamba2: unsupported layer type {kind!r} at layer {L}")
-            parts.append(Zamba2MambaPart(cfg, after_block=kind == "hybrid"))
             self.source.append((L, "hybrid mamba" if kind == "hybrid" else "mamba"))
-        self.layers = nn.ModuleList(parts)
-        self.layer_kinds = [layer.kind for layer in self.layers]
-        self.final_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", True))
-        if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            yield Zamba2MambaPart(cfg, after_block=kind == "hybrid")
 
     @property
     def norm(self) -> nn.Module:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Collection, Mapping, Optional
 import grpc
 
 from common.rpc.abort import Abort
+from common.rpc.handlers import rewrap_handler
 
 AUTHORIZATION_KEY = "authorization"
 WRITE_TOKEN_KEY = "x-hypic-write-token"
@@ -100,16 +101,7 @@ def guard(handler: grpc.RpcMethodHandler, check: Check, metadata: Mapping[str, s
             return await result if inspect.isawaitable(result) else result
         return coro
 
-    if handler.request_streaming and handler.response_streaming:
-        factory, attr = grpc.stream_stream_rpc_method_handler, "stream_stream"
-    elif handler.request_streaming:
-        factory, attr = grpc.stream_unary_rpc_method_handler, "stream_unary"
-    elif handler.response_streaming:
-        factory, attr = grpc.unary_stream_rpc_method_handler, "unary_stream"
-    else:
-        factory, attr = grpc.unary_unary_rpc_method_handler, "unary_unary"
-    return factory(wrap(getattr(handler, attr)), request_deserializer=handler.request_deserializer,
-                   response_serializer=handler.response_serializer)
+    return rewrap_handler(handler, wrap)
 
 
 class ApiKeyInterceptor(grpc.aio.ServerInterceptor):

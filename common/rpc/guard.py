@@ -20,6 +20,7 @@ import grpc
 import structlog
 
 from common.rpc.abort import Abort
+from common.rpc.handlers import rewrap_handler
 
 log = structlog.get_logger("rpc.guard")
 
@@ -125,14 +126,5 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method.rsplit("/", 1)[-1]
-        if handler.request_streaming and handler.response_streaming:
-            factory, attr = grpc.stream_stream_rpc_method_handler, "stream_stream"
-        elif handler.request_streaming:
-            factory, attr = grpc.stream_unary_rpc_method_handler, "stream_unary"
-        elif handler.response_streaming:
-            factory, attr = grpc.unary_stream_rpc_method_handler, "unary_stream"
-        else:
-            factory, attr = grpc.unary_unary_rpc_method_handler, "unary_unary"
-        return factory(_wrap(getattr(handler, attr), handler.request_streaming, method),
-                       request_deserializer=guarded_deserializer(handler.request_deserializer),
-                       response_serializer=handler.response_serializer)
+        return rewrap_handler(handler, lambda behavior: _wrap(behavior, handler.request_streaming, method),
+                              guarded_deserializer(handler.request_deserializer))

@@ -29,6 +29,7 @@ from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.rpc.guard import GuardInterceptor
+from common.rpc.handlers import rewrap_handler
 from common.rpc.log import request_id_from_metadata
 from common.rpc.metrics import RPC_LATENCY, RPC_TOTAL
 
@@ -102,17 +103,7 @@ class ObservabilityInterceptor(grpc.aio.ServerInterceptor):
                 return coro_wrapper
             return behavior  # sync handlers run in grpc's executor; left as they are
 
-        if handler.request_streaming and handler.response_streaming:
-            factory, attr = grpc.stream_stream_rpc_method_handler, "stream_stream"
-        elif handler.request_streaming:
-            factory, attr = grpc.stream_unary_rpc_method_handler, "stream_unary"
-        elif handler.response_streaming:
-            factory, attr = grpc.unary_stream_rpc_method_handler, "unary_stream"
-        else:
-            factory, attr = grpc.unary_unary_rpc_method_handler, "unary_unary"
-        return factory(wrap(getattr(handler, attr)),
-                       request_deserializer=handler.request_deserializer,
-                       response_serializer=handler.response_serializer)
+        return rewrap_handler(handler, wrap)
 
 
 def format_address(host: str, port: int) -> str:
