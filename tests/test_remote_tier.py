@@ -271,7 +271,7 @@ def test_wildcard_host_with_remote_tier_and_no_advertise_host_exits_2(tmp_path: 
 def test_advertised_name_is_the_segment_peers_reach(tmp_path: Path, fresh_seed):
     """A segcache advertising `localhost` mounts its Mooncake segment under that name, and an
     entry put through it is read through another segcache."""
-    missing = _mooncake_missing()
+    missing = mooncake_missing()
     if missing:
         pytest.skip(missing)
     rng = random.Random(fresh_seed)
