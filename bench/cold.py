@@ -235,7 +235,7 @@ class Replay:
 
 
 def measure(model: Path, tokens: int, seed: int, ms: Sequence[int], seam: int, overhead_s: float,
-            query_len: int = 4, reps: int = 2) -> dict:
+            query_len: int = 4, reps: int = 2, overhead_source: str = "--overhead-s") -> dict:
     """Builds measured and fitted, combine replayed per policy, m and partitioning (module docstring)."""
     import random
 
@@ -288,22 +288,10 @@ def measure(model: Path, tokens: int, seed: int, ms: Sequence[int], seam: int, o
             engine.forward(query, state)
             query_s.append(time.perf_counter() - t0)
     q = min(query_s)
-    for r in rows:
-        base = next(x for x in rows if x["policy"] == r["policy"] and x["partition"] == "lpt" and x["m"] == 1)
-        old1 = next(x for x in rows if x["policy"] == "in_order" and x["partition"] == "lpt" and x["m"] == 1)
-        for tag, ov in (("", overhead_s), ("_compute_only", 0.0)):
-            r[f"ttft{tag}_s"] = ov + r["combine_done_s"] + q
-            r[f"speedup_vs_m1{tag}"] = (ov + base["combine_done_s"] + q) / r[f"ttft{tag}_s"]
-            r[f"speedup_vs_in_order_m1{tag}"] = (ov + old1["combine_done_s"] + q) / r[f"ttft{tag}_s"]
+    add_ttft(rows, q, overhead_s)
     all_passes = [p for key, ps in passes.items() if key.startswith("runs/") for p in ps]
     fit = fit_run_cost(all_passes)
-    fitted = []  # the same table from the fitted costs alone (the old simulation's form)
-    t1 = simulate(lengths, 1, "lpt", cost, lambda L: 0.0, q, overhead_s, run_s=run_cost(fit, lengths)).ttft_s
-    for how in PARTITIONS:
-        for m in ms:
-            r = simulate(lengths, m, how, cost, lambda L: 0.0, q, overhead_s, run_s=run_cost(fit, lengths))
-            fitted.append(dict(r.as_dict(), speedup_vs_m1=t1 / r.ttft_s,
-                               makespan_speedup_vs_m1=max(arrivals(lengths, 1, "lpt", cost)[0]) / r.makespan_s))
+    fitted = fitted_table(lengths, ms, cost, fit, q, overhead_s)
     a, b, c = cost.coefficients
     return dict(
         run_cost_fit=dict(fit, form="pass_s + per_seam_s*k + per_seam_per_1k_keys_s*k*(prefix + run/2)/1000 "
@@ -314,9 +302,54 @@ def measure(model: Path, tokens: int, seed: int, ms: Sequence[int], seam: int, o
         model=str(model), threads=1, seam=seam, prompt_tokens=sum(lengths) + len(query), lengths=lengths,
         cost_model=dict(a_s=a, b_s_per_token=b, c_s_per_token2=c, observations=builds),
         build_sum_s=sum(t for _, t in builds), query_s=q, overhead_s=overhead_s,
-        overhead_note="router, lookup and transfers: the fixed overhead calibrated on the mesh's m = 1 cold "
-                      "TTFT (bench/results/cold.json); *_compute_only rows leave it out",
+        overhead_note=OVERHEAD_NOTE, overhead_source=overhead_source,
+        longest_segment_tokens=max(lengths), longest_build_s=cost.predict(max(lengths)),
         rows=rows, passes=passes)
+
+
+OVERHEAD_NOTE = ("router, lookup and transfers: a fixed overhead calibrated on a mesh's measured m = 1 cold TTFT "
+                 "(overhead_source says which); *_compute_only fields leave it out")
+
+
+def add_ttft(rows: list[dict], query_s: float, overhead_s: float) -> None:
+    """Per replayed row: TTFT = overhead + combine done + query; its speedup over m = 1 (LPT) of the
+    same policy and of in_order; and the bound a combine costing nothing would reach (overhead +
+    last arrival + query) with its speedup over arrived runs at m = 1. With and without the overhead."""
+    m1 = {r["policy"]: r["combine_done_s"] for r in rows if r["partition"] == "lpt" and r["m"] == 1}
+    for r in rows:
+        for tag, ov in (("", overhead_s), ("_compute_only", 0.0)):
+            r[f"ttft{tag}_s"] = ov + r["combine_done_s"] + query_s
+            r[f"speedup_vs_m1{tag}"] = (ov + m1[r["policy"]] + query_s) / r[f"ttft{tag}_s"]
+            r[f"speedup_vs_in_order_m1{tag}"] = (ov + m1["in_order"] + query_s) / r[f"ttft{tag}_s"]
+            r[f"ttft_zero_cost_combine{tag}_s"] = ov + r["makespan_s"] + query_s
+            r[f"speedup_zero_cost_combine{tag}"] = (ov + m1["runs"] + query_s) / r[f"ttft_zero_cost_combine{tag}_s"]
+
+
+def fitted_table(lengths: Sequence[int], ms: Sequence[int], cost: CostModel, fit: dict[str, float],
+                 query_s: float, overhead_s: float) -> list[dict]:
+    """The replay's table from the fitted build and pass costs alone (the old simulation's form)."""
+    run_s = run_cost(fit, lengths)
+    t1 = simulate(lengths, 1, "lpt", cost, lambda L: 0.0, query_s, overhead_s, run_s=run_s).ttft_s
+    mk1 = max(arrivals(lengths, 1, "lpt", cost)[0])
+    rows = []
+    for how in PARTITIONS:
+        for m in ms:
+            r = simulate(lengths, m, how, cost, lambda L: 0.0, query_s, overhead_s, run_s=run_s)
+            rows.append(dict(r.as_dict(), speedup_vs_m1=t1 / r.ttft_s, makespan_speedup_vs_m1=mk1 / r.makespan_s))
+    return rows
+
+
+def reprice(res: dict, overhead_s: float, overhead_source: str) -> dict:
+    """`res` (a measure() result) for another fixed overhead, exactly: the replayed passes are kept,
+    the TTFTs, speedups and the fitted table are recomputed from the JSON alone (no model run)."""
+    cost = fit_cost_model([tuple(o) for o in res["cost_model"]["observations"]])
+    fit = {k: res["run_cost_fit"][k] for k in RUN_FEATURES}
+    ms = sorted({r["m"] for r in res["rows"]})
+    add_ttft(res["rows"], res["query_s"], overhead_s)
+    res["simulated_from_fits"]["rows"] = fitted_table(res["lengths"], ms, cost, fit, res["query_s"], overhead_s)
+    res.update(overhead_s=overhead_s, overhead_note=OVERHEAD_NOTE, overhead_source=overhead_source,
+               longest_segment_tokens=max(res["lengths"]), longest_build_s=cost.predict(max(res["lengths"])))
+    return res
 
 
 RUN_FEATURES = ("pass_s", "per_seam_s", "per_seam_per_1k_keys_s", "per_1k_run_tokens_s")
@@ -376,12 +409,70 @@ def measure_mesh(model: Path, reps: int, cold_tokens: int) -> dict:
             return S.cold_path(mesh, S.Encoder(model), args)
 
 
-def _default_overhead() -> float:
+def _default_overhead() -> tuple[float, str]:
+    """(fixed overhead, where it comes from): bench/results/cold.json's calibration (bench.serve's
+    cold path), else none."""
     p = Path(__file__).resolve().parent / "results" / "cold.json"
     try:
-        return float(json.loads(p.read_text())["simulated"]["overhead_s"])
+        return float(json.loads(p.read_text())["simulated"]["overhead_s"]), "bench/results/cold.json"
     except (OSError, KeyError, ValueError):
-        return 0.0
+        return 0.0, "none (bench/results/cold.json absent)"
+
+
+def summary(res: dict) -> str:
+    """The replay's table as text."""
+    lines = [f"{res['prompt_tokens']} tokens in {len(res['lengths'])} segments; builds {res['build_sum_s']:.2f} s; "
+             f"query {res['query_s'] * 1e3:.1f} ms; overhead {res['overhead_s'] * 1e3:.0f} ms "
+             f"({res.get('overhead_source', '?')})"]
+    for policy in POLICIES:
+        for how in PARTITIONS:
+            cells = "  ".join(f"m={r['m']}: {r['ttft_s']:5.2f} s x{r['speedup_vs_m1']:.2f} "
+                              f"(tail {r['tail_after_last_arrival_s'] * 1e3:.0f} ms)"
+                              for r in res["rows"] if r["policy"] == policy and r["partition"] == how)
+            lines.append(f"  {policy:<8} {how:<11} {cells}")
+    cells = "  ".join(f"m={r['m']}: {r['ttft_zero_cost_combine_s']:5.2f} s x{r['speedup_zero_cost_combine']:.2f}"
+                      for r in res["rows"] if r["policy"] == "runs" and r["partition"] == "lpt")
+    lines.append(f"  zero-cost combine, lpt {cells}")
+    fit = res["run_cost_fit"]
+    lines.append("  run cost fit: " + ", ".join(f"{k} {fit[k] * 1e3:.3f} ms" for k in RUN_FEATURES))
+    cells = "  ".join(f"m={r['m']}: {r['ttft_s']:5.2f} s x{r['speedup_vs_m1']:.2f}"
+                      for r in res["simulated_from_fits"]["rows"] if r["partition"] == "lpt")
+    lines.append(f"  fitted   lpt         {cells}")
+    return "\n".join(lines)
+
+
+def plot_replay(res: dict, path) -> None:
+    """Cold TTFT speedup over m = 1 against m: arrived runs per partitioning, in order (LPT), the
+    builds alone and a zero-cost combine (LPT)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    pick = lambda policy, how: [r for r in res["rows"] if r["policy"] == policy and r["partition"] == how]  # noqa: E731
+    lpt = pick("runs", "lpt")
+    ms = [r["m"] for r in lpt]
+    for how, mk in zip(PARTITIONS, "osv"):
+        rows = pick("runs", how)
+        ax.plot([r["m"] for r in rows], [r["speedup_vs_m1"] for r in rows], marker=mk, label=f"arrived runs, {how}")
+    rows = pick("in_order", "lpt")
+    ax.plot(ms, [r["speedup_vs_m1"] for r in rows], marker="o", ls="--", color="grey", label="in order, lpt")
+    ax.plot(ms, [r["speedup_zero_cost_combine"] for r in lpt], ls="-.", color="black",
+            label="zero-cost combine, lpt (bound)")
+    ax.plot(ms, [lpt[0]["makespan_s"] / r["makespan_s"] for r in lpt], ls=":", color="black",
+            label="builds alone, lpt")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ms, [str(m) for m in ms])
+    ax.set_xlabel("scatter workers m")
+    ax.set_ylabel("cold TTFT speedup vs m = 1")
+    ax.set_title(f"SIMULATED arrivals, REPLAYED combine: {res['prompt_tokens']}-token request, "
+                 f"{len(res['lengths'])} segments", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -399,35 +490,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--overhead-s", type=float, default=None,
                     help="fixed mesh overhead added to every TTFT (default: bench/results/cold.json's)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "cold_runs.json")
+    ap.add_argument("--reprice", action="store_true",
+                    help="run nothing: recompute --out's TTFTs for the overhead (e.g. after bench.serve "
+                         "re-measured cold.json) and redraw its plot")
     ap.add_argument("--mesh", action="store_true",
                     help="also measure real cold requests through a mesh (m = 2, then m = 1; bench/serve.py)")
     ap.add_argument("--mesh-reps", type=int, default=3)
     ap.add_argument("--mesh-tokens", type=int, default=8192)
     args = ap.parse_args(argv)
-    if args.mesh:
+    source = "--overhead-s"
+    if args.mesh and not args.reprice:
         mesh = measure_mesh(args.model, args.mesh_reps, args.mesh_tokens)
         path = args.out.with_name(args.out.stem + "_mesh.json")
         path.write_text(json.dumps(mesh, indent=1))
         print(f"wrote {path}")
         if args.overhead_s is None:  # this run's own calibration
-            args.overhead_s = mesh["simulated"]["overhead_s"]
-    overhead = _default_overhead() if args.overhead_s is None else args.overhead_s
-    res = measure(args.model, args.tokens, args.seed, args.ms, args.seam, overhead, reps=args.reps)
-    print(f"{res['prompt_tokens']} tokens in {len(res['lengths'])} segments; builds {res['build_sum_s']:.2f} s; "
-          f"query {res['query_s'] * 1e3:.1f} ms; overhead {overhead * 1e3:.0f} ms")
-    for policy in POLICIES:
-        for how in PARTITIONS:
-            cells = "  ".join(f"m={r['m']}: {r['ttft_s']:5.2f} s x{r['speedup_vs_m1']:.2f} "
-                              f"(tail {r['tail_after_last_arrival_s'] * 1e3:.0f} ms)"
-                              for r in res["rows"] if r["policy"] == policy and r["partition"] == how)
-            print(f"  {policy:<8} {how:<11} {cells}")
-    fit = res["run_cost_fit"]
-    print("  run cost fit: " + ", ".join(f"{k} {fit[k] * 1e3:.3f} ms" for k in RUN_FEATURES))
-    cells = "  ".join(f"m={r['m']}: {r['ttft_s']:5.2f} s x{r['speedup_vs_m1']:.2f}"
-                      for r in res["simulated_from_fits"]["rows"] if r["partition"] == "lpt")
-    print(f"  fitted   lpt         {cells}")
+            args.overhead_s, source = mesh["simulated"]["overhead_s"], f"bench/results/{path.name}"
+    if args.overhead_s is None:
+        args.overhead_s, source = _default_overhead()
+    if args.reprice:
+        res = reprice(json.loads(args.out.read_text()), args.overhead_s, source)
+    else:
+        res = measure(args.model, args.tokens, args.seed, args.ms, args.seam, args.overhead_s, reps=args.reps,
+                      overhead_source=source)
+    print(summary(res))
     args.out.write_text(json.dumps(res, indent=1))
-    print(f"wrote {args.out}")
+    plot_replay(res, args.out.with_suffix(".png"))
+    print(f"wrote {args.out} and {args.out.with_suffix('.png').name}")
 
 
 if __name__ == "__main__":

@@ -204,6 +204,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("report-drops-random-model-ratios", "bench/report.py",
            "        out += closing_rows_random(rnd)", "        pass",
            ("tests/test_bench_report.py",)),
+    Mutant("report-cold-from-old-simulation", "bench/report.py",
+           "        out += replay_section(replay, cold) if replay else simulated_section(si, me)",
+           "        out += simulated_section(si, me)",
+           ("tests/test_bench_report.py",)),
+    Mutant("report-cold-closing-rows-from-old-simulation", "bench/report.py",
+           "    if replay:\n        out += closing_rows_replay(replay)\n    elif",
+           "    if False:\n        out += closing_rows_replay(replay)\n    elif",
+           ("tests/test_bench_report.py",)),
+    Mutant("cold-bound-without-query", "bench/cold.py",
+           'r[f"ttft_zero_cost_combine{tag}_s"] = ov + r["makespan_s"] + query_s',
+           'r[f"ttft_zero_cost_combine{tag}_s"] = ov + r["makespan_s"]',
+           ("tests/test_bench_report.py",)),
 )
 
 
