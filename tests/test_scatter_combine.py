@@ -733,14 +733,15 @@ def test_combine_falls_back_when_segcache_fails(mesh, engine):
     ans = arun(execute(mesh.combine.target, plan))
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
     assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
-    # corrupt bytes (sealed after the damage) and a sealed valid entry of other tokens under the
-    # planned keys: both rebuilt, and both dropped from segcache
+    # corrupt bytes (sealed after the damage: a payload whose layout does not parse) and a sealed
+    # valid entry of other tokens under the planned keys: both rebuilt, and both dropped from segcache
     segs, query = prompt(8, (22, 37))
     ref_logits, ref_tokens = reference(engine, segs, query)
     keys = [segment_key(engine.fingerprint, SEAM, "float32", s) for s in segs]
     other = seal(engine.build_entry(segs[0][:10], SEAM).to_bytes(), SECRET)
     bad = bytearray(engine.build_entry(segs[0], SEAM).to_bytes())
-    bad[-5] ^= 0xFF
+    payload_at = 8 + struct.unpack("<I", bad[4:8])[0]  # the safetensors header length, made too long
+    bad[payload_at:payload_at + 8] = struct.pack("<Q", len(bad))
 
     async def put():
         async with SegcacheClient(mesh.segcache.target) as sc:
