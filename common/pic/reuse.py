@@ -11,15 +11,20 @@ Segment-major (`prefill_segment_major`), the order that can start before the las
         rotated to their real positions and appended.
     the query goes through every layer as a normal chunk.
 
-Layer-major (`prefill_layer_major`), what a GPU wants: all seams of all segments pass through a
-layer together; a linear layer computes every seam's (T, S|0) at once, runs the short scan of
-compositions over segments, then all seam outputs from their incoming states; an attention layer
-lays the seam keys out between the cached bodies and masks by real position. Both orders give
-the same numbers (tests hold them to float round-off).
+Layer-major (`prefill_layer_major`): all seams of all segments pass through a layer together
+(one call per weight matrix for all of them); a linear layer computes every seam's features in
+one batch, then scans the segments: each seam's short recurrence from the state composed so far,
+its body's (T, S) applied after it; an attention layer lays the seam keys out between the cached
+bodies and masks by real position. Both orders give the same numbers (tests hold them to float
+round-off).
 
 Runs (`compose_run`): the layer-major pass over a run of consecutive segments continuing from a
 composed prefix state — what a combine worker does with the segments that arrived while it was
 busy. `compose_run(engine, S, [e_i .. e_j])` equals `prefill_segment_major(engine, [e_i .. e_j], S)`.
+
+The query folded in (`compose_and_query`): the pass that completes the prompt takes the query's
+tokens along after the seams, so the weights are read once for both; its plain reference is
+`query_after_compose` (compose_run, then the query as one chunk).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from common.pic.entry import AttentionBody, LinearBody, SegmentEntry, dtype_name
 from common.pic.protocol import PicEngine
 from common.state import AttentionLayerState, LinearLayerState, ModelState
 from kernels.compose import compose_summary as compose  # Triton on CUDA, torch on CPU (one chooser)
-from kernels.linear_attn import (Summary, identity_transition, linear_attention, prefill_with_summary, segment_summary,
+from kernels.linear_attn import (identity_transition, linear_attention, prefill_with_summary, segment_summary,
                                  summary_form)
 
 
@@ -193,6 +198,10 @@ def _linear_body(mixer, x: torch.Tensor, L: int, w: int) -> LinearBody:
 
 def _sl(t, sl):
     return None if t is None else t[:, sl]
+
+
+def _rows(t, rows):
+    return None if t is None else t[rows]
 
 
 
@@ -416,28 +425,24 @@ class SeamPlan:
         n = len(self.entries)
         wmax = max(b - a for a, b in self.spans)
         X = x.new_zeros(n, wmax, x.shape[-1])
-        valid = torch.zeros(n, wmax, dtype=torch.bool, device=x.device)
         for j, (a, b) in enumerate(self.spans):
             X[j, : b - a] = x[0, a:b]
-            valid[j, : b - a] = True
+        # features of every seam in one batch (rows padded at the end: the padding is causal-after
+        # and its outputs are dropped); then each seam's recurrence from the state composed so far,
+        # its body applied after it (a scan over the run's segments)
         q, k, v, g, beta, aux, _ = mixer.features(X, torch.cat(tails_in, 0))
-        pad = ~valid
-        k = k.masked_fill(pad[:, :, None, None], 0)
-        v = v.masked_fill(pad[:, :, None, None], 0)
-        if g is not None:
-            g = g.masked_fill(pad.view(n, wmax, *([1] * (g.dim() - 2))), 0)
-        if beta is not None:
-            beta = beta.masked_fill(pad[:, :, None], 0)
-        seams = segment_summary(mixer.family, k, v, g=g, beta=beta)
         running = before.recurrent if before is not None else torch.zeros_like(bodies[0].S)
-        incoming = []
-        for j, body in enumerate(bodies):
-            incoming.append(running)
-            running = compose(Summary(seams.T[j : j + 1], seams.S[j : j + 1], seams.form), running)
+        o = None
+        for j, ((a, b), body) in enumerate(zip(self.spans, bodies)):
+            if b > a:
+                rows = (slice(j, j + 1), slice(0, b - a))
+                o_j, running = linear_attention(mixer.family, q[rows], k[rows], v[rows], g=_rows(g, rows),
+                                                beta=_rows(beta, rows), initial_state=running, scale=mixer.scale)
+                if o is None:
+                    o = o_j.new_zeros(n, wmax, *o_j.shape[2:])
+                o[rows] = o_j
             running = run_warmup(mixer, body, running, conv_after_seam[j])
             running = compose(body.summary, running)
-        o, _ = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=torch.cat(incoming, 0),
-                                scale=mixer.scale)
         y = mixer.output(o, aux, x.dtype)  # [n, wmax, D]
         y = torch.cat([y[j : j + 1, : b - a] for j, (a, b) in enumerate(self.spans)], 1)
         after = LinearLayerState(run_conv if c > 1 else None, running)
