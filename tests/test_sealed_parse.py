@@ -1,5 +1,5 @@
 """The combine's one check per byte of an entry that arrived (services.combine.fetch._open_and_parse):
-the seal's HMAC, then a parse whose tensors view the received buffer. A real entry of a tiny
+the seal's tag (a MAC over every byte), then a parse whose tensors view the received buffer. A real entry of a tiny
 model; every damaged byte, in header, tensors, digest or tag, is still refused."""
 import random
 
@@ -9,7 +9,7 @@ import torch
 from common.engine import HybridEngine
 from common.fingerprint import segment_key
 from common.pic.entry import AttentionBody, EntryError, LinearBody, SegmentEntry
-from common.pic.seal import seal
+from common.pic.seal import V1_MAGIC, _v1_tag, open_sealed, seal
 from services.combine.fetch import BadEntry, _open_and_parse
 from tiny import PIC_CONFIGS, save_tiny
 
@@ -72,3 +72,25 @@ def test_unsealed_bytes_keep_their_digest_check(engine, fresh_seed):
     data[len(data) // 2] ^= 0x10
     with pytest.raises(EntryError):
         SegmentEntry.from_bytes(data)
+
+
+def test_seals_are_fresh_and_entries_sealed_before_still_open(engine, fresh_seed):
+    """Every seal draws its own nonce (so its own one-time key): two seals of one entry differ and
+    both open. An entry sealed with the earlier HMAC-SHA256 tag opens too, and refuses damage."""
+    rng = random.Random(fresh_seed)
+    entry, key, sealed = sealed_entry(engine, fresh_seed)
+    data = entry.to_bytes()
+    again = seal(data, SECRET)
+    assert again != sealed and bytes(open_sealed(again, key, SECRET)) == data == bytes(open_sealed(sealed, key, SECRET))
+    v1 = data + V1_MAGIC + _v1_tag(data, SECRET)
+    assert _open_and_parse(bytearray(v1), key, SECRET).token_ids == entry.token_ids
+    for i in rng.sample(range(len(v1)), 20):
+        bad = bytearray(v1)
+        bad[i] ^= 1 << rng.randrange(8)
+        with pytest.raises(BadEntry):
+            _open_and_parse(bad, key, SECRET)
+    # a v2 tag moved onto other bytes (the header's tokens changed) does not open
+    other = bytearray(sealed)
+    other[sealed.index(b"token_ids") + 12] ^= 1
+    with pytest.raises(BadEntry):
+        _open_and_parse(other, key, SECRET)

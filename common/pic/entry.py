@@ -182,7 +182,7 @@ class SegmentEntry:
         data: any bytes-like object; writable buffers (bytearray, numpy) are viewed, not copied:
         the tensors share its memory, so the caller must not reuse it.
         sealed: the caller has just opened these bytes' seal (common.pic.seal.open_sealed), whose
-        HMAC covers every byte, the digest included: that is their one check, the digest is not
+        tag (a MAC) covers every byte, the digest included: that is their one check, the digest is not
         computed again. Everything else (magic, header, payload layout) is checked as always."""
         mv = memoryview(data).cast("B")
         if mv.readonly:

@@ -256,7 +256,7 @@ def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
 
 
 def _open_and_parse(sealed, key: str, secret: bytes) -> SegmentEntry:
-    """One check per byte, where it lands: the seal (HMAC over every byte); the entry's tensors
+    """One check per byte, where it lands: the seal (its tag covers every byte); the entry's tensors
     are then views of the received buffer (a fresh one per read), not copies."""
     try:
         inner = open_sealed(sealed, key, secret)
