@@ -82,6 +82,7 @@ def test_seals_are_fresh_and_entries_sealed_before_still_open(engine, fresh_seed
     data = entry.to_bytes()
     again = seal(data, SECRET)
     assert again != sealed and bytes(open_sealed(again, key, SECRET)) == data == bytes(open_sealed(sealed, key, SECRET))
+    assert again[-16:] != sealed[-16:]  # another one-time key: another tag for the same bytes
     v1 = data + V1_MAGIC + _v1_tag(data, SECRET)
     assert _open_and_parse(bytearray(v1), key, SECRET).token_ids == entry.token_ids
     for i in rng.sample(range(len(v1)), 20):
