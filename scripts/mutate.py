@@ -73,7 +73,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/test_warm_fold.py", "-k", "qwen3_5_text or nemotron_h")),
     Mutant("run-takes-a-short-body-tail-for-the-conv-state", "common/pic/reuse.py",
            "or b.conv_tail.shape[-1] < c - 1", "or b.conv_tail.shape[-1] < 0",
-           ("tests/test_compose_runs.py", "-k", "qwen3_5_text and equal_segment_major")),
+           ("tests/test_warm_fold.py", "-k", "shorter_than_the_conv")),
     Mutant("conv-warmup-zeroed", "common/pic/reuse.py",
            "S_w = run_warmup(mixer, body, S_run, conv_before)",
            "S_w = run_warmup(mixer, body, S_run, None if conv_before is None else torch.zeros_like(conv_before))",

@@ -80,3 +80,13 @@ def test_a_query_folded_at_the_wrong_place_is_caught(engine, fresh_seed):
     assert rel(folded, moved) > 1e-3
     with pytest.raises(ValueError):
         compose_and_query(engine, engine.new_state(), entries, [])
+
+
+def test_bodies_shorter_than_the_conv_pass_the_seams_conv_inputs_on(engine, fresh_seed):
+    """A body of fewer tokens than the conv reaches back (here 1 and 2) leaves part of its seam's
+    conv inputs in the conv state the next seam starts from: the run then projects its seams'
+    conv inputs (elsewhere each body's cached tail is that state)."""
+    g = torch.Generator().manual_seed(fresh_seed)
+    segs = [torch.randint(0, engine.vocab_size, (L,), generator=g).tolist() for L in (13, 9, 10, 21)]
+    entries = [build_entry(engine, s, 8) for s in segs]
+    assert state_rel(compose_run(engine, engine.new_state(), entries), prefill_segment_major(engine, entries)) < 1e-5
