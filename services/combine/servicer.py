@@ -268,20 +268,25 @@ class CombineServicer(pb_grpc.CombineServicer):
                 else:
                     composed = ev
             ex.ctx.deadline.left()
-            t = time.perf_counter()
             if composed.logits is None:
+                t = time.perf_counter()
                 logits, state = await self.run(self._query, ex.query, composed.state)
-            else:  # folded into the last pass: its time is in compose_s
+                self._query_timed(ex, t)
+            else:  # folded into the last pass: its time is in compose_s, query_prefill_s stays 0
                 logits, state = composed.logits, composed.state
         else:
             t = time.perf_counter()
             logits, state = await self.run(self._baseline, ex.mode, ex.segs, ex.query)
-        ex.timings.query_prefill_s = time.perf_counter() - t
-        m.STAGE_SECONDS.labels("query_prefill").observe(ex.timings.query_prefill_s)
+            self._query_timed(ex, t)
         async for ev in self._decode(ex, logits, state):
             yield ev
         await self._settle(ex)
         yield pb.CombineEvent(timings=ex.timings)
+
+    @staticmethod
+    def _query_timed(ex: _Execution, t: float) -> None:
+        ex.timings.query_prefill_s = time.perf_counter() - t
+        m.STAGE_SECONDS.labels("query_prefill").observe(ex.timings.query_prefill_s)
 
     async def _decode(self, ex: _Execution, logits: torch.Tensor, state):
         """The first token from the prompt's logits, then one step per token; yields them."""
