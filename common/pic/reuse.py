@@ -445,7 +445,9 @@ class SeamPlan:
             running = compose(body.summary, running)
         y = mixer.output(o, aux, x.dtype)  # [n, wmax, D]
         y = torch.cat([y[j : j + 1, : b - a] for j, (a, b) in enumerate(self.spans)], 1)
-        after = LinearLayerState(run_conv if c > 1 else None, running)
+        # (a copy: the last body's tail is a view of its entry's received buffer, which the
+        # state would otherwise keep alive through the whole decode)
+        after = LinearLayerState(run_conv.clone() if c > 1 else None, running)
         if self.query_len:  # the folded query: the mixer's own forward from the composed state
             y_q, after = mixer(x[:, ws:], after, ctx)
             y = torch.cat([y, y_q.to(y.dtype)], 1)
