@@ -366,7 +366,7 @@ def anatomy_section(an: dict) -> list[str]:
         "entries' bytes at memcpy speed plus the seam and query tokens at the per-token speed of a plain prefill "
         "of one segment.",
         "",
-        "| model | client TTFT (ms) | transfer | compose (seams inside) | query | router + gRPC | floor (ms) | "
+        "| model | client TTFT (ms) | transfer | compose (seams, query inside) | query | router + gRPC | floor (ms) | "
         "TTFT / floor | seam + query tokens as one forward (ms) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
