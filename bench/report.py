@@ -501,7 +501,7 @@ def anatomy_section(an: dict) -> list[str]:
         "entries' bytes at memcpy speed plus the seam and query tokens at the per-token speed of a plain prefill "
         "of one segment.",
         "",
-        "| model | client TTFT (ms) | transfer | compose (seams inside) | query | router + gRPC | floor (ms) | "
+        "| model | client TTFT (ms) | transfer | compose (seams, query inside) | query | router + gRPC | floor (ms) | "
         "TTFT / floor | seam + query tokens as one forward (ms) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -511,18 +511,24 @@ def anatomy_section(an: dict) -> list[str]:
                    f"{ms(m['query_prefill_s'])} | {ms(m['client_ttft_s'] - m['ttft_s'])} | {ms(f['floor_s'])} | "
                    f"{times(r['ttft_over_floor'])} | {ms(f.get('seam_query_one_forward_s'))} |")
     out += ["", "transfer: from the request's start until the last entry was in hand and verified (lookup, "
-            "NIXL or gRPC read, the seal's HMAC-SHA256 and the entry's XXH3 checksum over every byte, parse); compose: every seam through every layer with the "
-            "cached bodies applied (one layer-major pass); query: the query tokens from the composed state. "
+            "NIXL or gRPC read, the seal's Poly1305 tag over every byte -- the one check -- and a parse that views "
+            "the tensors in place); compose: every seam through every layer with the "
+            "cached bodies applied (one layer-major pass), the query folded into the same pass (query: 0, "
+            "or the query tokens from the composed state where it was not folded). "
             "The last column is the floor's tokens as one plain forward from an empty state: the per-call "
             "cost of a model that size, which on the tiny bundled model is above the floor itself."]
     for r in an["models"]:
         m, f = r["mesh"], r["floor"]
         pt, seam = f["prefill_per_token_s"], f["seam_query_tokens"] - an["query_tokens"]
         name = _short(r)
-        out[-1] += (f" {name[0].upper() + name[1:]}: the seams cost {times(m['compose_s'] / (seam * pt))} their "
-                    f"{seam} tokens at prefill speed (each attends over every cached key, each linear layer "
-                    f"composes {an['segments']} bodies), the query {times(m['query_prefill_s'] / (an['query_tokens'] * pt))} "
-                    f"its {an['query_tokens']} (a small batch reads every weight), and the transfer adds "
+        folded = not m['query_prefill_s']
+        compose_tokens = seam + (an['query_tokens'] if folded else 0)
+        query = ("" if folded else f", the query {times(m['query_prefill_s'] / (an['query_tokens'] * pt))} "
+                 f"its {an['query_tokens']} (a small batch reads every weight)")
+        out[-1] += (f" {name[0].upper() + name[1:]}: the {'seams and the query' if folded else 'seams'} cost "
+                    f"{times(m['compose_s'] / (compose_tokens * pt))} their {compose_tokens} tokens at prefill speed "
+                    f"(each attends over every cached key, each linear layer composes {an['segments']} bodies)"
+                    f"{query}, and the transfer adds "
                     f"{ms(m['transfer_s'])} ms to the floor's {1e3 * f['memcpy_s']:.1f} ms of memcpy.")
     return out + [""]
 

@@ -310,7 +310,7 @@ def test_scatter_build_is_byte_identical_to_in_process(mesh, engine):
     segs, _ = prompt(1, (45,))
     header, data = arun(build(mesh.scatter.target, build_request(engine, segs[0], chunk_bytes=4096)))
     expected = engine.build_entry(segs[0], SEAM).to_bytes()
-    assert data == seal(expected, SECRET)  # the entry, sealed with the mesh's secret
+    assert bytes(open_sealed(data, segment_key(engine.fingerprint, SEAM, "float32", segs[0]), SECRET)) == expected
     assert header.size == len(data) and header.checksum == checksum(data)
     assert header.key == segment_key(engine.fingerprint, SEAM, "float32", segs[0])
     assert not header.shared and header.worker.startswith("scatter@") and header.build_s > 0
@@ -395,8 +395,8 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     assert all(s.worker.startswith("scatter@") and s.build_s > 0 for s in cold.segments)
     t = cold.timings[0]
     assert t.misses == 3 and t.hits == 0 and t.prompt_tokens == 135 and t.ttft_s > 0
-    # arrived runs: each pass layer-major, its seams inside compose_s
-    assert t.compose_s > 0 and t.seams_s == 0 and t.query_prefill_s > 0 and t.scatter_s > 0
+    # arrived runs: each pass layer-major, its seams inside compose_s; the query folded into the last
+    assert t.compose_s > 0 and t.seams_s == 0 and t.query_prefill_s == 0 and t.scatter_s > 0
     # the request id travelled combine -> scatter (metadata and BuildRequest)
     assert '"request_id": "rid-cold-mesh"' in mesh.scatter.log()
 
@@ -733,14 +733,15 @@ def test_combine_falls_back_when_segcache_fails(mesh, engine):
     ans = arun(execute(mesh.combine.target, plan))
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
     assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
-    # corrupt bytes (sealed after the damage) and a sealed valid entry of other tokens under the
-    # planned keys: both rebuilt, and both dropped from segcache
+    # corrupt bytes (sealed after the damage: a payload whose layout does not parse) and a sealed
+    # valid entry of other tokens under the planned keys: both rebuilt, and both dropped from segcache
     segs, query = prompt(8, (22, 37))
     ref_logits, ref_tokens = reference(engine, segs, query)
     keys = [segment_key(engine.fingerprint, SEAM, "float32", s) for s in segs]
     other = seal(engine.build_entry(segs[0][:10], SEAM).to_bytes(), SECRET)
     bad = bytearray(engine.build_entry(segs[0], SEAM).to_bytes())
-    bad[-5] ^= 0xFF
+    payload_at = 8 + struct.unpack("<I", bad[4:8])[0]  # the safetensors header length, made too long
+    bad[payload_at:payload_at + 8] = struct.pack("<Q", len(bad))
 
     async def put():
         async with SegcacheClient(mesh.segcache.target) as sc:

@@ -175,12 +175,15 @@ class SegmentEntry:
         return body + checksum(body)
 
     @classmethod
-    def from_bytes(cls, data, device="cpu") -> "SegmentEntry":
+    def from_bytes(cls, data, device="cpu", sealed: bool = False) -> "SegmentEntry":
         """Parse and verify an entry: every byte is checked once, here, where it lands (readers
         of segcache and scatter pass verify=False to the transport for entries).
 
         data: any bytes-like object; writable buffers (bytearray, numpy) are viewed, not copied:
-        the tensors share its memory, so the caller must not reuse it."""
+        the tensors share its memory, so the caller must not reuse it.
+        sealed: the caller has just opened these bytes' seal (common.pic.seal.open_sealed), whose
+        tag (a MAC) covers every byte, the digest included: that is their one check, the digest is not
+        computed again. Everything else (magic, header, payload layout) is checked as always."""
         mv = memoryview(data).cast("B")
         if mv.readonly:
             mv = memoryview(bytearray(mv))  # tensors must not alias immutable memory
@@ -193,7 +196,9 @@ class SegmentEntry:
             raise EntryError(f"corrupted entry header: {e}") from None
         version = header.get("version") if isinstance(header, dict) else None
         if version == FORMAT_VERSION:
-            if len(mv) < 8 + n + DIGEST_BYTES or checksum(mv[:-DIGEST_BYTES]) != bytes(mv[-DIGEST_BYTES:]):
+            if len(mv) < 8 + n + DIGEST_BYTES:
+                raise EntryError("truncated entry")
+            if not sealed and checksum(mv[:-DIGEST_BYTES]) != bytes(mv[-DIGEST_BYTES:]):
                 raise EntryError("entry checksum mismatch: corrupted bytes")
             payload = mv[8 + n : -DIGEST_BYTES]
         elif version == 1:  # written before common.checksum: blake2b of the payload in the header

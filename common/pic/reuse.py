@@ -11,15 +11,20 @@ Segment-major (`prefill_segment_major`), the order that can start before the las
         rotated to their real positions and appended.
     the query goes through every layer as a normal chunk.
 
-Layer-major (`prefill_layer_major`), what a GPU wants: all seams of all segments pass through a
-layer together; a linear layer computes every seam's (T, S|0) at once, runs the short scan of
-compositions over segments, then all seam outputs from their incoming states; an attention layer
-lays the seam keys out between the cached bodies and masks by real position. Both orders give
-the same numbers (tests hold them to float round-off).
+Layer-major (`prefill_layer_major`): all seams of all segments pass through a layer together
+(one call per weight matrix for all of them); a linear layer computes every seam's features in
+one batch, then scans the segments: each seam's short recurrence from the state composed so far,
+its body's (T, S) applied after it; an attention layer lays the seam keys out between the cached
+bodies and masks by real position. Both orders give the same numbers (tests hold them to float
+round-off).
 
 Runs (`compose_run`): the layer-major pass over a run of consecutive segments continuing from a
 composed prefix state — what a combine worker does with the segments that arrived while it was
 busy. `compose_run(engine, S, [e_i .. e_j])` equals `prefill_segment_major(engine, [e_i .. e_j], S)`.
+
+The query folded in (`compose_and_query`): the pass that completes the prompt takes the query's
+tokens along after the seams, so the weights are read once for both; its plain reference is
+`query_after_compose` (compose_run, then the query as one chunk).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ from common.pic.entry import AttentionBody, LinearBody, SegmentEntry, dtype_name
 from common.pic.protocol import PicEngine
 from common.state import AttentionLayerState, LinearLayerState, ModelState
 from kernels.compose import compose_summary as compose  # Triton on CUDA, torch on CPU (one chooser)
-from kernels.linear_attn import (Summary, identity_transition, linear_attention, prefill_with_summary, segment_summary,
+from kernels.linear_attn import (identity_transition, linear_attention, prefill_with_summary, segment_summary,
                                  summary_form)
 
 
@@ -195,6 +200,10 @@ def _sl(t, sl):
     return None if t is None else t[:, sl]
 
 
+def _rows(t, rows):
+    return None if t is None else t[rows]
+
+
 
 # -- applying a cached body ----------------------------------------------------------------------
 def run_warmup(mixer, body: LinearBody, S: torch.Tensor, conv: torch.Tensor | None) -> torch.Tensor:
@@ -285,7 +294,7 @@ class SeamPlan:
     common.models.base.LayerPlan: the model hands it every token mixer call)."""
 
     def __init__(self, model, entries: list[SegmentEntry], device, prefix: ModelState | None = None,
-                 capacity: int | None = None):
+                 capacity: int | None = None, query_len: int = 0):
         self.model = model
         self.entries = entries
         self.prefix = prefix  # the composed state the run continues from (None: the prompt's start)
@@ -298,9 +307,18 @@ class SeamPlan:
             spans.append((len(seam_pos), len(seam_pos) + e.seam_len))
             seam_pos.extend(range(pos, pos + e.seam_len))
             pos += e.n_tokens
-        self.total = pos
+        self.total = pos  # the position after the run's last segment
         self.spans = spans
+        self.seam_tokens = len(seam_pos)
+        # The folded query (compose_and_query): its tokens follow the seams in the call, at
+        # positions total .. total+query_len-1, after every segment of the run.
+        self.query_len = query_len
+        self.end = pos + query_len
+        seam_pos.extend(range(pos, self.end))
         self.seam_positions = torch.tensor(seam_pos, dtype=torch.long, device=device)
+        # Attention sees the query as one more span (a seam with no body), after the last segment.
+        self.all_spans = spans + ([(self.seam_tokens, self.seam_tokens + query_len)] if query_len else [])
+        self.all_starts = self.starts + ([pos] if query_len else [])
 
     # attention layers: seam keys between the cached bodies, masked by real position
     def _prefix_layer(self, i: int):
@@ -320,6 +338,9 @@ class SeamPlan:
             if body is not None and body.keys.shape[2]:
                 keys.append(mixer.rerotate(body.keys.to(k.dtype), start))
                 values.append(body.values.to(v.dtype))
+        if self.query_len:
+            keys.append(k[:, :, self.seam_tokens:])
+            values.append(v[:, :, self.seam_tokens:])
         p0 = 0 if before is None else before.keys.shape[2]
         K_all, V_all = self._lay_out(ctx.layer, before, keys, values)
         V_use = attention_values(mixer, K_all, V_all)
@@ -333,7 +354,7 @@ class SeamPlan:
         """This layer's keys and values after the run: written after the prefix's in the
         prompt's arena when the prefix is the arena's latest state (no copy of the prefix),
         else concatenated."""
-        if self.capacity is not None and self.capacity >= self.total:
+        if self.capacity is not None and self.capacity >= self.end:
             arena = self.arenas.get(layer)
             if arena is None or not arena.continues(before, self.capacity):
                 skip = 1 if before is not None else 0  # the prefix goes in as one piece
@@ -348,7 +369,7 @@ class SeamPlan:
         causal attention with an offset per seam (no [seams, keys] mask, which SDPA would turn
         into a float mask and compute in full). [B, Ws, Hq, Dv]"""
         outs = []
-        for (a, b), start in zip(self.spans, self.starts):
+        for (a, b), start in zip(self.all_spans, self.all_starts):
             if b > a:
                 end = start + (b - a)
                 outs.append(causal_attention(q[:, :, a:b], K_all[:, :, :end], V_use[:, :, :end], scale))
@@ -380,8 +401,9 @@ class SeamPlan:
 
         if p0 > 0:
             grouped(slice(0, Ws), 0, p0)
-        for j, ((a, b), start) in enumerate(zip(self.spans, self.starts)):
-            end = self.starts[j + 1] if j + 1 < len(self.starts) else self.total
+        starts = self.all_starts
+        for j, ((a, b), start) in enumerate(zip(self.all_spans, starts)):
+            end = starts[j + 1] if j + 1 < len(starts) else self.end
             if b < Ws and end > start:  # this segment's keys, for every later seam
                 grouped(slice(b, Ws), start, end)
             if b > a:  # its own seam, causally
@@ -396,44 +418,62 @@ class SeamPlan:
         i = ctx.layer
         c = mixer.conv_kernel
         bodies = [e.layers[i] for e in self.entries]
-        u = mixer.conv_inputs(x)  # [1, Ws, C]
-        C = u.shape[-1]
+        ws = self.seam_tokens
         before = self._prefix_layer(i)
-        run_conv = _full_conv(before.conv if before is not None else None, u.new_zeros(1, C, max(c - 1, 0)))
-        tails_in, conv_after_seam = [], []
-        for (a, b), body in zip(self.spans, bodies):
-            tails_in.append(run_conv)
-            after = _conv_cat(run_conv, u[:, a:b].transpose(1, 2), c - 1)
-            conv_after_seam.append(after)
-            run_conv = _conv_cat(after, body.conv_tail, c - 1)
+        conv_in = before.conv if before is not None else None
+        tails_in, conv_after_seam, run_conv = self._conv_tails(mixer, x[:, :ws], conv_in, bodies)
         n = len(self.entries)
         wmax = max(b - a for a, b in self.spans)
         X = x.new_zeros(n, wmax, x.shape[-1])
-        valid = torch.zeros(n, wmax, dtype=torch.bool, device=x.device)
         for j, (a, b) in enumerate(self.spans):
             X[j, : b - a] = x[0, a:b]
-            valid[j, : b - a] = True
+        # features of every seam in one batch (rows padded at the end: the padding is causal-after
+        # and its outputs are dropped); then each seam's recurrence from the state composed so far,
+        # its body applied after it (a scan over the run's segments)
         q, k, v, g, beta, aux, _ = mixer.features(X, torch.cat(tails_in, 0))
-        pad = ~valid
-        k = k.masked_fill(pad[:, :, None, None], 0)
-        v = v.masked_fill(pad[:, :, None, None], 0)
-        if g is not None:
-            g = g.masked_fill(pad.view(n, wmax, *([1] * (g.dim() - 2))), 0)
-        if beta is not None:
-            beta = beta.masked_fill(pad[:, :, None], 0)
-        seams = segment_summary(mixer.family, k, v, g=g, beta=beta)
         running = before.recurrent if before is not None else torch.zeros_like(bodies[0].S)
-        incoming = []
-        for j, body in enumerate(bodies):
-            incoming.append(running)
-            running = compose(Summary(seams.T[j : j + 1], seams.S[j : j + 1], seams.form), running)
+        o = None
+        for j, ((a, b), body) in enumerate(zip(self.spans, bodies)):
+            if b > a:
+                rows = (slice(j, j + 1), slice(0, b - a))
+                o_j, running = linear_attention(mixer.family, q[rows], k[rows], v[rows], g=_rows(g, rows),
+                                                beta=_rows(beta, rows), initial_state=running, scale=mixer.scale)
+                if o is None:
+                    o = o_j.new_zeros(n, wmax, *o_j.shape[2:])
+                o[rows] = o_j
             running = run_warmup(mixer, body, running, conv_after_seam[j])
             running = compose(body.summary, running)
-        o, _ = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=torch.cat(incoming, 0),
-                                scale=mixer.scale)
         y = mixer.output(o, aux, x.dtype)  # [n, wmax, D]
         y = torch.cat([y[j : j + 1, : b - a] for j, (a, b) in enumerate(self.spans)], 1)
-        return y, LinearLayerState(run_conv if c > 1 else None, running)
+        # (a copy: the last body's tail is a view of its entry's received buffer, which the
+        # state would otherwise keep alive through the whole decode)
+        after = LinearLayerState(run_conv.clone() if c > 1 else None, running)
+        if self.query_len:  # the folded query: the mixer's own forward from the composed state
+            y_q, after = mixer(x[:, ws:], after, ctx)
+            y = torch.cat([y, y_q.to(y.dtype)], 1)
+        return y, after
+
+    def _conv_tails(self, mixer, xs, conv_in, bodies):
+        """(conv state entering each seam, conv state after each seam (None where not needed),
+        conv state after the run). These need the seams' own conv inputs only where a body is too short to
+        hold a full conv tail or has warm-up tokens; otherwise each body's cached tail is the
+        state entering the next seam and the seams' inputs are not projected a second time."""
+        c = mixer.conv_kernel
+        if c <= 1 or any(b.warmup_inputs is not None or b.conv_tail is None or b.conv_tail.shape[-1] < c - 1
+                         for b in bodies):
+            u = mixer.conv_inputs(xs)  # [1, Ws, C] (no conv, c <= 1: [1, Ws, 0], free)
+            zeros = u.new_zeros(1, u.shape[-1], max(c - 1, 0))
+        else:
+            u = None
+            zeros = bodies[0].conv_tail.new_zeros(1, bodies[0].conv_tail.shape[1], c - 1).to(xs.dtype)
+        run_conv = _full_conv(conv_in, zeros)
+        tails_in, after_seam = [], []
+        for (a, b), body in zip(self.spans, bodies):
+            tails_in.append(run_conv)
+            after = _conv_cat(run_conv, u[:, a:b].transpose(1, 2), c - 1) if u is not None else None
+            after_seam.append(after)
+            run_conv = _conv_cat(after, body.conv_tail, c - 1) if u is not None else body.conv_tail
+        return tails_in, after_seam, run_conv
 
 
 ARENAS = "kv_arenas"  # ModelState.extra: per attention layer, the KVArena its keys live in
@@ -514,12 +554,44 @@ def compose_run(engine: PicEngine, state: ModelState, entries: list[SegmentEntry
         return state
     if not any(e.seam_len for e in entries):
         return prefill_segment_major(engine, entries, state)
+    _, out = _layer_major_pass(engine, state, entries, capacity, [])
+    return out
+
+
+@torch.inference_mode()
+def compose_and_query(engine: PicEngine, state: ModelState, entries: list[SegmentEntry], query: list[int],
+                      capacity: int | None = None) -> tuple[torch.Tensor, ModelState]:
+    """The last run of a prompt and its query in one layer-major pass: at every layer the query
+    tokens go through in the same call as the run's seams (one pass over the weights instead of
+    two), from the state the run composes. Returns (the query's last logits [vocab], the state
+    after the query): the same numbers, to float round-off, as the plain two-step
+    `query_after_compose` (compose_run, then engine.forward(query)). capacity: as compose_run,
+    counting the query's tokens."""
+    if not query:
+        raise ValueError("empty query")
+    if not entries or not any(e.seam_len for e in entries):
+        return query_after_compose(engine, state, entries, query, capacity)
+    hidden, out = _layer_major_pass(engine, state, entries, capacity, engine.check_tokens(query))
+    return engine.model.logits(hidden[0, -1:])[-1], out
+
+
+def query_after_compose(engine: PicEngine, state: ModelState, entries: list[SegmentEntry], query: list[int],
+                        capacity: int | None = None) -> tuple[torch.Tensor, ModelState]:
+    """The plain reference of compose_and_query: compose the run, then the query as one chunk."""
+    state = without_arenas(compose_run(engine, state, entries, capacity=capacity))
+    _, logits, state = engine.forward(query, state)
+    return logits[-1], state
+
+
+def _layer_major_pass(engine: PicEngine, state: ModelState, entries: list[SegmentEntry], capacity: int | None,
+                      query: list[int]) -> tuple[torch.Tensor, ModelState]:
+    """(final hidden [1, seams + query, D], state after the run and the query)."""
     model = engine.model
-    plan = SeamPlan(model, entries, engine.device, prefix=state, capacity=capacity)
-    ids = [t for e in entries for t in e.seam_tokens]
+    plan = SeamPlan(model, entries, engine.device, prefix=state, capacity=capacity, query_len=len(query))
+    ids = [t for e in entries for t in e.seam_tokens] + list(query)
     ctx = ForwardContext(positions=plan.seam_positions, plan=plan)
     x = torch.tensor([ids], dtype=torch.long, device=engine.device)
-    _, out = model(x, state, ctx=ctx, seq_len_after=plan.total)
+    hidden, out = model(x, state, ctx=ctx, seq_len_after=plan.end)
     if plan.arenas:
         out.extra[ARENAS] = plan.arenas
-    return out
+    return hidden, out

@@ -255,18 +255,20 @@ def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
         raise BadEntry("mismatch", str(e)) from None
 
 
-def _open_and_parse(sealed: bytes, key: str, secret: bytes) -> SegmentEntry:
+def _open_and_parse(sealed, key: str, secret: bytes) -> SegmentEntry:
+    """One check per byte, where it lands: the seal (its tag covers every byte); the entry's tensors
+    are then views of the received buffer (a fresh one per read), not copies."""
     try:
         inner = open_sealed(sealed, key, secret)
     except ForgedEntry as e:
         raise BadEntry("forged", str(e)) from None
     try:
-        return SegmentEntry.from_bytes(bytes(inner))
+        return SegmentEntry.from_bytes(inner, sealed=True)
     except Exception as e:  # EntryError (magic, version, checksum) or any malformed byte
         raise BadEntry("corrupt", f"{type(e).__name__}: {e}") from None
 
 
-async def parse_entry(data: bytes, ctx: RequestCtx, key: str, ids: list[int]) -> SegmentEntry:
+async def parse_entry(data, ctx: RequestCtx, key: str, ids: list[int]) -> SegmentEntry:
     """The entry in sealed bytes that arrived for segment `key`: its seal opens under the mesh's
     secret, its header names `key`, and it fits the plan; BadEntry otherwise."""
     entry = await asyncio.to_thread(_open_and_parse, data, key, ctx.secret)

@@ -27,7 +27,7 @@ from common import modes
 from common.engine import HybridEngine, pick_token  # the sampler engine.generate uses
 from common.pic import compose_run, compose_segment, prefill_segments
 from common.pic.entry import dtype_name
-from common.pic.reuse import without_arenas
+from common.pic.reuse import compose_and_query, without_arenas
 from common.pic.runs import arrived_run
 from common.pic.seal import load_secret
 from common.rpc.abort import Abort
@@ -70,6 +70,14 @@ class _Execution:
     lead: int  # segments composed in the leading layer-major pass
     tasks: list[asyncio.Task] = field(default_factory=list)  # one fetch per segment
     runs: list[int] = field(default_factory=list)  # segments per composition pass, in prompt order
+
+
+@dataclass
+class _Composed:
+    """What composition ends with: the prompt state and, when the query was folded into the last
+    layer-major pass (compose_and_query), the query's logits and the state after it."""
+    state: Any
+    logits: torch.Tensor | None = None
 
 
 class _SeamTimer:
@@ -253,24 +261,32 @@ class CombineServicer(pb_grpc.CombineServicer):
         """The prompt state (composed from entries, or recomputed for the baselines), the
         decode, then the background work; yields the plan's events, timings last."""
         if ex.order is not None:
-            state = None
+            composed = None
             async for ev in self._compose(ex):
                 if isinstance(ev, pb.SegmentReady):
                     yield pb.CombineEvent(segment=ev)
                 else:
-                    state = ev
+                    composed = ev
             ex.ctx.deadline.left()
-            t = time.perf_counter()
-            logits, state = await self.run(self._query, ex.query, state)
+            if composed.logits is None:
+                t = time.perf_counter()
+                logits, state = await self.run(self._query, ex.query, composed.state)
+                self._query_timed(ex, t)
+            else:  # folded into the last pass: its time is in compose_s, query_prefill_s stays 0
+                logits, state = composed.logits, composed.state
         else:
             t = time.perf_counter()
             logits, state = await self.run(self._baseline, ex.mode, ex.segs, ex.query)
-        ex.timings.query_prefill_s = time.perf_counter() - t
-        m.STAGE_SECONDS.labels("query_prefill").observe(ex.timings.query_prefill_s)
+            self._query_timed(ex, t)
         async for ev in self._decode(ex, logits, state):
             yield ev
         await self._settle(ex)
         yield pb.CombineEvent(timings=ex.timings)
+
+    @staticmethod
+    def _query_timed(ex: _Execution, t: float) -> None:
+        ex.timings.query_prefill_s = time.perf_counter() - t
+        m.STAGE_SECONDS.labels("query_prefill").observe(ex.timings.query_prefill_s)
 
     async def _decode(self, ex: _Execution, logits: torch.Tensor, state):
         """The first token from the prompt's logits, then one step per token; yields them."""
@@ -335,8 +351,9 @@ class CombineServicer(pb_grpc.CombineServicer):
         other segment is composed as soon as it and all before it are in hand: whenever the
         engine is free, the whole run of consecutive segments in hand from the next one goes in
         one layer-major pass (compose_run; one at a time with --compose-order segment or in
-        additive mode). Yields a SegmentReady per segment as it arrives (any order) and, last,
-        the composed state."""
+        additive mode). The pass that completes the prompt, when layer-major, takes the query
+        along (compose_and_query). Yields a SegmentReady per segment as it arrives (any order)
+        and, last, a _Composed."""
         ctx, segs, tasks, timings, lead = ex.ctx, ex.segs, ex.tasks, ex.timings, ex.lead
         arrivals: asyncio.Queue[int] = asyncio.Queue()
         for i, (seg, key, ids) in enumerate(zip(ex.plan.segments, ex.keys, segs)):
@@ -346,8 +363,10 @@ class CombineServicer(pb_grpc.CombineServicer):
         additive = ex.mode == "additive"  # entries with seam 0, added without T
         in_runs = self.cfg.compose_order == "auto" and ex.mode == "hypic"
         n = len(segs)
-        capacity = sum(len(s) for s in segs)  # the attention keys of every pass go into one arena
+        # the attention keys of every pass (and of a folded query) go into one arena
+        capacity = sum(len(s) for s in segs) + len(ex.query)
         state = self.engine.new_state()
+        logits = None
         ready: dict[int, Acquired] = {}
         nxt = 0  # the next segment to compose
         while nxt < n:
@@ -367,8 +386,9 @@ class CombineServicer(pb_grpc.CombineServicer):
                                       via_nixl=a.via_nixl)
             ctx.deadline.left()
             if nxt < lead:  # nxt == 0: the leading run, from the empty state
-                state, compose_s = await self.run(self._compose_run, state,
-                                                  [ready.pop(j).entry for j in range(lead)], capacity)
+                query = ex.query if lead == n else None
+                logits, state, compose_s = await self.run(self._compose_run, state,
+                                                          [ready.pop(j).entry for j in range(lead)], capacity, query)
                 # Seams and bodies interleave layer by layer in this pass, so it is not split:
                 # all of it is compose_s, and it adds nothing to seams_s.
                 timings.compose_s += compose_s
@@ -376,19 +396,22 @@ class CombineServicer(pb_grpc.CombineServicer):
                 run = range(0, lead)
             else:
                 run = arrived_run(ready, nxt, n) if in_runs else range(nxt, nxt + 1)
-                state = await self._compose_arrived(state, [ready.pop(j).entry for j in run], in_runs,
-                                                    additive, capacity, timings)
+                query = ex.query if in_runs and run.stop == n else None
+                logits, state = await self._compose_arrived(state, [ready.pop(j).entry for j in run], in_runs,
+                                                            additive, capacity, timings, query)
             ex.runs.append(len(run))
             nxt = run.stop
         m.COMPOSITIONS.labels("layer" if lead == n else "mixed" if lead else "segment").inc()
-        yield without_arenas(state)
+        yield _Composed(without_arenas(state), logits)
 
     async def _compose_arrived(self, state, entries: list, in_runs: bool, additive: bool, capacity: int,
-                               timings: rpb.Timings):
-        """Extend the state by arrived segments: a run in one layer-major pass (seams inside
-        compose_s; keys into the request's arena), or one segment-major step (its seam timed apart)."""
+                               timings: rpb.Timings, query: list[int] | None):
+        """Extend the state by arrived segments: a run in one layer-major pass (seams, and the
+        query when given, inside compose_s; keys into the request's arena), or one segment-major
+        step (its seam timed apart). (the query's logits or None, state)"""
+        logits = None
         if in_runs:
-            state, compose_s = await self.run(self._compose_run, state, entries, capacity)
+            logits, state, compose_s = await self.run(self._compose_run, state, entries, capacity, query)
             m.STAGE_SECONDS.labels("compose_run").observe(compose_s)
         else:
             (entry,) = entries
@@ -397,7 +420,7 @@ class CombineServicer(pb_grpc.CombineServicer):
             m.STAGE_SECONDS.labels("compose").observe(compose_s)
             m.STAGE_SECONDS.labels("seams").observe(seams_s)
         timings.compose_s += compose_s
-        return state
+        return logits, state
 
     def _arrived(self, task: asyncio.Task, i: int, timings: rpb.Timings, t_start: float) -> Acquired:
         """Segment i's entry, now in hand, counted into the timings and metrics."""
@@ -430,11 +453,16 @@ class CombineServicer(pb_grpc.CombineServicer):
         total = time.perf_counter() - t
         return state, total - timer.seconds, timer.seconds
 
-    def _compose_run(self, state, entries: list, capacity: int):
-        """Engine thread: extend the state by a run of consecutive segments in one layer-major pass."""
+    def _compose_run(self, state, entries: list, capacity: int, query: list[int] | None):
+        """Engine thread: extend the state by a run of consecutive segments in one layer-major
+        pass, the query too when given (the run completes the prompt). (logits or None, state, s)"""
         t = time.perf_counter()
-        state = compose_run(self.engine, state, entries, capacity=capacity)
-        return state, time.perf_counter() - t
+        logits = None
+        if query:
+            logits, state = compose_and_query(self.engine, state, entries, query, capacity=capacity)
+        else:
+            state = compose_run(self.engine, state, entries, capacity=capacity)
+        return logits, state, time.perf_counter() - t
 
     @torch.inference_mode()
     def _query(self, query: list[int], state):
