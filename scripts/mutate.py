@@ -59,9 +59,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "end = start + (b - a)", "end = start + (b - a) + 1",
            ("tests/test_compose_runs.py", "-k", "kimi_linear or bailing_hybrid")),
     Mutant("run-seam-sees-its-own-future", "common/pic/reuse.py",  # the merged key-block path
-           "add(slice(a, b), *_FLASH(q[:, :, a:b], kd, vd, 0.0, True, scale=scale)[:2])",
-           "add(slice(a, b), *_FLASH(q[:, :, a:b], kd, vd, 0.0, False, scale=scale)[:2])",
+           "add(slice(a, b), start, start + b - a, causal=True)",
+           "add(slice(a, b), start, start + b - a, causal=False)",
            ("tests/test_compose_runs.py", "-k", "qwen3_5_text or nemotron_h")),
+    Mutant("offset-attention-diagonal-not-causal", "common/layers/attention.py",  # fair prefix, chunks
+           "o_d, lse_d = flash_block(q, keys[:, :, past:], values[:, :, past:], scale, causal=True)",
+           "o_d, lse_d = flash_block(q, keys[:, :, past:], values[:, :, past:], scale, causal=False)",
+           ("tests/test_attention.py",)),
     Mutant("arena-extends-a-state-it-already-extended", "common/pic/reuse.py",
            "self.length == before.keys.shape[2]", "self.length >= before.keys.shape[2]",
            ("tests/test_compose_runs.py", "-k", "kept_state")),

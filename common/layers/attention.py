@@ -19,7 +19,7 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     `causal_attention_reference` is the plain definition; tests hold the two together.
     """
     Tq, Tk = q.shape[2], keys.shape[2]
-    if 1 < Tq < Tk and _CPU_FLASH is not None and q.device.type == "cpu" and q.shape[-1] == values.shape[-1]:
+    if 1 < Tq < Tk and flash_blocks_available(q, values):
         return _past_and_diagonal(q, keys, values, scale).transpose(1, 2)
     keys, values = _repeat_kv(keys, values, q.shape[1])
     if Tq == 1:
@@ -31,27 +31,44 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     return out.transpose(1, 2)
 
 
-# The CPU flash kernel returns the log-sum-exp beside the output, which lets two attention calls
-# over disjoint key ranges be merged exactly. (A [Tq, Tk] boolean mask would become a float mask
-# inside SDPA, cost ~20% at 2x2048 and stop the kernel from skipping masked blocks.)
+# The CPU flash kernel returns the log-sum-exp beside the output, which lets attention calls over
+# disjoint key ranges be merged exactly (`flash_block` + `merge_blocks`; common.pic.reuse's seam
+# attention is built from the same two). (A [Tq, Tk] boolean mask would become a float mask inside
+# SDPA, cost ~20% at 2x2048 and stop the kernel from skipping masked blocks.)
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def flash_blocks_available(q: torch.Tensor, values: torch.Tensor) -> bool:
+    return _CPU_FLASH is not None and q.device.type == "cpu" and q.shape[-1] == values.shape[-1]
+
+
+def flash_block(q, keys, values, scale: float, causal: bool):
+    """(out [B, Hq, Tq, Dv], lse [B, Hq, Tq]) of q over one block of keys: all of them, or with
+    causal=True a block whose keys are the queries' own (Tq == Tk, top-left causal). Over a whole
+    block the query heads are grouped by their kv head, so no key/value copy per query head."""
+    if causal:
+        keys, values = _repeat_kv(keys, values, q.shape[1])
+        return _CPU_FLASH(q, keys, values, 0.0, True, scale=scale)[:2]
+    B, Hq, Tq, D = q.shape
+    Hkv = keys.shape[1]
+    o, lse = _CPU_FLASH(q.reshape(B, Hkv, (Hq // Hkv) * Tq, D), keys, values, 0.0, False, scale=scale)[:2]
+    return o.reshape(B, Hq, Tq, -1), lse.reshape(B, Hq, Tq)
+
+
+def merge_blocks(o_a, lse_a, o_b, lse_b):
+    """Two blocks' attention over disjoint keys as one (float32): (out, lse). A block of no keys
+    so far (lse -inf) weighs nothing."""
+    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    return o_a.float() * (lse_a - lse).exp()[..., None] + o_b.float() * (lse_b - lse).exp()[..., None], lse
 
 
 def _past_and_diagonal(q, keys, values, scale) -> torch.Tensor:
     """Causal attention with an offset: the past keys (no mask) and the queries' own block
-    (is_causal) in two flash calls, merged by log-sum-exp. Returns [B, Hq, Tq, Dv]."""
-    B, Hq, Tq, D = q.shape
-    Hkv, past = keys.shape[1], keys.shape[2] - Tq
-    n_rep = Hq // Hkv
-    # past block: query heads grouped by their kv head, so no key/value copy per query head
-    o_p, lse_p = _CPU_FLASH(q.reshape(B, Hkv, n_rep * Tq, D), keys[:, :, :past], values[:, :, :past],
-                            0.0, False, scale=scale)
-    o_p, lse_p = o_p.reshape(B, Hq, Tq, -1), lse_p.reshape(B, Hq, Tq)
-    k_d, v_d = _repeat_kv(keys[:, :, past:], values[:, :, past:], Hq)
-    o_d, lse_d = _CPU_FLASH(q, k_d, v_d, 0.0, True, scale=scale)
-    lse = torch.logaddexp(lse_p, lse_d)
-    w_p, w_d = (lse_p - lse).exp()[..., None], (lse_d - lse).exp()[..., None]
-    return (o_p.float() * w_p + o_d.float() * w_d).to(q.dtype)
+    (causal) in two flash calls, merged by log-sum-exp. Returns [B, Hq, Tq, Dv]."""
+    past = keys.shape[2] - q.shape[2]
+    o_p, lse_p = flash_block(q, keys[:, :, :past], values[:, :, :past], scale, causal=False)
+    o_d, lse_d = flash_block(q, keys[:, :, past:], values[:, :, past:], scale, causal=True)
+    return merge_blocks(o_p, lse_p, o_d, lse_d)[0].to(q.dtype)
 
 
 def _repeat_kv(keys, values, n_heads: int):

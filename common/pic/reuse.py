@@ -32,7 +32,8 @@ from typing import Callable
 
 import torch
 
-from common.layers.attention import attention_values, causal_attention
+from common.layers.attention import (attention_values, causal_attention, flash_block, flash_blocks_available,
+                                    merge_blocks)
 from common.models.base import ForwardContext
 from common.pic.entry import AttentionBody, LinearBody, SegmentEntry, dtype_name
 from common.pic.protocol import PicEngine
@@ -344,7 +345,7 @@ class SeamPlan:
         p0 = 0 if before is None else before.keys.shape[2]
         K_all, V_all = self._lay_out(ctx.layer, before, keys, values)
         V_use = attention_values(mixer, K_all, V_all)
-        if _FLASH is not None and q.device.type == "cpu" and q.shape[-1] == V_use.shape[-1]:
+        if flash_blocks_available(q, V_use):
             o = self._attend_merged(q, K_all, V_use, p0, scale)
         else:
             o = self._attend_per_seam(q, K_all, V_use, scale)
@@ -380,37 +381,23 @@ class SeamPlan:
         block read once: the composed prefix's keys by every seam of the run in one call; each
         segment of the run (its seam and body keys) by the seams after it in one call; each
         seam's own keys causally. [B, Ws, Hq, Dv]"""
-        B, Hq, Ws, D = q.shape
-        Hkv = K_all.shape[1]
-        n_rep = Hq // Hkv
+        B, Hq, Ws, _ = q.shape
         acc_o = q.new_zeros(B, Hq, Ws, V_use.shape[-1], dtype=torch.float32)
         acc_lse = q.new_full((B, Hq, Ws), float("-inf"), dtype=torch.float32)
 
-        def add(rows: slice, o, lse):
-            lse = lse.float()
-            new = torch.logaddexp(acc_lse[:, :, rows], lse)
-            acc_o[:, :, rows] = (acc_o[:, :, rows] * (acc_lse[:, :, rows] - new).exp()[..., None]
-                                 + o.float() * (lse - new).exp()[..., None])
-            acc_lse[:, :, rows] = new
-
-        def grouped(rows: slice, k0: int, k1: int):  # rows of q over keys k0..k1-1, no mask
-            T = rows.stop - rows.start
-            o, lse = _FLASH(q[:, :, rows].reshape(B, Hkv, n_rep * T, D), K_all[:, :, k0:k1],
-                            V_use[:, :, k0:k1], 0.0, False, scale=scale)[:2]
-            add(rows, o.reshape(B, Hq, T, -1), lse.reshape(B, Hq, T))
+        def add(rows: slice, k0: int, k1: int, causal: bool):  # rows of q over keys k0 .. k1-1
+            o, lse = flash_block(q[:, :, rows], K_all[:, :, k0:k1], V_use[:, :, k0:k1], scale, causal)
+            acc_o[:, :, rows], acc_lse[:, :, rows] = merge_blocks(acc_o[:, :, rows], acc_lse[:, :, rows], o, lse)
 
         if p0 > 0:
-            grouped(slice(0, Ws), 0, p0)
+            add(slice(0, Ws), 0, p0, causal=False)
         starts = self.all_starts
         for j, ((a, b), start) in enumerate(zip(self.all_spans, starts)):
             end = starts[j + 1] if j + 1 < len(starts) else self.end
             if b < Ws and end > start:  # this segment's keys, for every later seam
-                grouped(slice(b, Ws), start, end)
+                add(slice(b, Ws), start, end, causal=False)
             if b > a:  # its own seam, causally
-                kd, vd = K_all[:, :, start:start + b - a], V_use[:, :, start:start + b - a]
-                if n_rep > 1:
-                    kd, vd = kd.repeat_interleave(n_rep, 1), vd.repeat_interleave(n_rep, 1)
-                add(slice(a, b), *_FLASH(q[:, :, a:b], kd, vd, 0.0, True, scale=scale)[:2])
+                add(slice(a, b), start, start + b - a, causal=True)
         return acc_o.to(q.dtype).transpose(1, 2)
 
     # linear layers: batched seam summaries, a short scan, batched seam outputs
@@ -520,11 +507,6 @@ def without_arenas(state: ModelState) -> ModelState:
         return state
     extra = {k: v for k, v in state.extra.items() if k != ARENAS}
     return ModelState(layers=state.layers, seq_len=state.seq_len, extra=extra)
-
-
-# The CPU flash kernel returns the log-sum-exp beside the output: attention over disjoint key
-# ranges merges exactly (common.layers.attention uses it the same way).
-_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _full_conv(conv: torch.Tensor | None, zeros: torch.Tensor) -> torch.Tensor:
