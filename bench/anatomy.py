@@ -89,7 +89,7 @@ class Floor:
     (1 torch thread, as each mesh process)."""
 
     def __init__(self, model: Path, segs, query, seam: int):
-        from common.engine import HybridEngine
+        from common.engine.hybrid_engine import HybridEngine
 
         torch.set_num_threads(1)
         torch.set_flush_denormal(True)

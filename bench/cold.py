@@ -204,7 +204,7 @@ class Replay:
 
     def run(self, arrival: Sequence[float], policy: str) -> tuple[float, list[int], Any]:
         """(when the combine is done, segments per pass, the composed state)."""
-        from common.pic.reuse import compose_run, compose_segment
+        from common.engine.pic.reuse import compose_run, compose_segment
 
         eng, entries = self.engine, self.entries
         capacity = sum(e.n_tokens for e in entries)  # keys into one arena per layer, as combine does
@@ -242,8 +242,8 @@ def measure(model: Path, tokens: int, seed: int, ms: Sequence[int], seam: int, o
     import torch
 
     from bench.workloads import skewed_lengths
-    from common.engine import HybridEngine
-    from common.pic.reuse import build_entry
+    from common.engine.hybrid_engine import HybridEngine
+    from common.engine.pic.reuse import build_entry
 
     torch.set_num_threads(1)
     engine = HybridEngine.from_pretrained(model)

@@ -103,7 +103,7 @@ REAL_CONFIGS: dict[str, tuple[str, dict]] = {
 def build_meta_model(model_type: str, cfg_kwargs: dict):
     from transformers import AutoConfig
 
-    from common.models import TEXT_SUBCONFIG, model_class
+    from common.engine.models import TEXT_SUBCONFIG, model_class
 
     cfg = AutoConfig.for_model(model_type, **cfg_kwargs)
     sub = TEXT_SUBCONFIG.get(model_type)
@@ -117,7 +117,7 @@ def layer_sizes(model, dtype_bytes: int) -> dict:
     """Linear layers: bytes per segment (T, S fp32; conv tail in the model dtype) and of T alone.
     Attention layers: bytes per token as our entry stores them, and in the model's own KV format
     (MLA: the compressed latent + the shared rope key; otherwise the same)."""
-    from common.models.base import ForwardContext
+    from common.engine.models.base import ForwardContext
     from kernels.linear_attn import summary_form
 
     out = dict(linear_per_segment=0, T_per_segment=0, attn_per_token=0, own_kv_per_token=0, n_linear=0, n_attn=0)

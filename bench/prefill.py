@@ -45,7 +45,7 @@ def _timed(fn, repeats: int) -> float:
 def bench_arch(arch: str, cfg: dict, tokens: int, repeats: int, workdir: Path) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
 
     torch.manual_seed(0)
     hf_cfg = AutoConfig.for_model(arch, **cfg)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from bench import results_json
-from common.modes import LABELS, MODES
+from common.engine.modes import LABELS, MODES
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

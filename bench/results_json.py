@@ -1,6 +1,6 @@
 """Reading benchmark results written by earlier versions: the additive ablation was called
 "naive" then (its keys "naive", "naive_s"; "naive" in a "modes" list). `load` renames those to
-today's names (common.modes), so every reader sees one vocabulary; new results are written with
+today's names (common.engine.modes), so every reader sees one vocabulary; new results are written with
 today's names and nothing is regenerated for the rename.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from common.modes import ALIASES
+from common.engine.modes import ALIASES
 
 
 def _canonical(name: Any) -> Any:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from common.modes import LABELS, MODES
+from common.engine.modes import LABELS, MODES
 
 CONFIG = dict(
     vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=8, num_attention_heads=4,
@@ -54,7 +54,7 @@ def main(argv=None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from bench.random_model import RANDOM_LABEL, config_kwargs, describe, parse_spec, save_random_model
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
 
     rows = []
     with tempfile.TemporaryDirectory() as d:

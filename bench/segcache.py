@@ -47,9 +47,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common.rpc.nixl_util import load_nixl  # noqa: E402
-from common.rpc.segcache_client import SegcacheClient  # noqa: E402
-from common.rpc.server import run as run_loop  # noqa: E402
+from common.mesh.nixl_util import load_nixl  # noqa: E402
+from common.mesh.segcache_client import SegcacheClient  # noqa: E402
+from common.mesh.server import run as run_loop  # noqa: E402
 from services.segcache.config import SegcacheConfig  # noqa: E402
 from services.segcache.remote_tier import unpack  # noqa: E402
 from services.segcache.store import TIER_HOST, SegmentStore  # noqa: E402
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             + ", ".join(f"{k.replace('_over_', '/')} = {v}" for k, v in ratios.items())
             + ". One 2-core machine: client and server share the cores; NIXL used UCX over "
               "loopback (cma/shared memory); lmdb and remote tier include checksum verification "
-              "(common.checksum); Mooncake moved the bytes over TCP on 127.0.0.1 from the "
+              "(common.engine.checksum); Mooncake moved the bytes over TCP on 127.0.0.1 from the "
               "segcache process's segment"
             + (f" (not measured: {why_no_remote})" if why_no_remote else "") + ".")
     print()

@@ -4,7 +4,7 @@
 
 The RAG trace of bench/workloads.py (a Zipf-popular corpus, 4-32 documents per request, cut to
 the prompt budget) is replayed against k simulated host tiers: each document's key is placed on
-its instance by the clients' own rendezvous hashing (common/rpc/segcache_ring.owner) and each
+its instance by the clients' own rendezvous hashing (common/mesh/segcache_ring.owner) and each
 instance evicts with segcache's own GDSF policy (services/segcache/policy.py) within its budget.
 An entry's size is the bundled model's state for the document's tokens (bench.serve.Encoder:
 full-attention KV + recurrent and conv state) and its cost its tokens (recompute is linear).
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import workloads as W  # noqa: E402
-from common.rpc.segcache_ring import owner  # noqa: E402
+from common.mesh.segcache_ring import owner  # noqa: E402
 from services.segcache.policy import make_policy  # noqa: E402
 
 INSTANCES = (1, 2, 4)

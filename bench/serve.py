@@ -54,7 +54,7 @@ import numpy as np
 import hypic
 from bench import cold as C
 from bench import workloads as W
-from common.modes import LABELS, MODES
+from common.engine.modes import LABELS, MODES
 from bench.random_model import RANDOM_LABEL
 from hypic.launcher import DEFAULT_MODEL, Mesh
 
@@ -96,7 +96,7 @@ class Encoder:
 
 
 class PrefixReplay:
-    """Client-side replay of the combine's prefix cache (common/pic/prefix.py): states at segment
+    """Client-side replay of the combine's prefix cache (common/engine/pic/prefix.py): states at segment
     boundaries, keyed by the segments so far, LRU bounded in bytes. Returns the number of
     leading segments each request reuses."""
 
@@ -623,7 +623,7 @@ def parse_args(argv=None):
     ap.add_argument("--remote-tier", action="store_true", help="a Mooncake master as every "
                     "segcache's shared tier")
     ap.add_argument("--prefix-cache-bytes", type=int, default=1 << 30,
-                    help="the combine's prefix cache budget (common.pic.prefix.PrefixCache default)")
+                    help="the combine's prefix cache budget (common.engine.pic.prefix.PrefixCache default)")
     ap.add_argument("--max-prompt-tokens", type=int, default=4096)
     ap.add_argument("--corpus", type=int, default=160, help="RAG corpus size (documents)")
     ap.add_argument("--doc-tokens", type=int, nargs=2, default=[128, 2048])

@@ -56,7 +56,7 @@ SEAM = 8
 
 def entry_line(model: Path) -> tuple[float, float]:
     """(bytes at 0 tokens, bytes per token) of a serialized entry, from two real entries."""
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
 
     engine = HybridEngine.from_pretrained(model)
     sizes = {n: len(engine.build_entry([1 + i % 300 for i in range(n)], seam=SEAM).to_bytes())

@@ -3,7 +3,7 @@
     python -m bench.transfer [--sizes-mib 4,30] [--reps 9] [--out bench/results/transfer.json]
 
 1. Hash throughput on this machine (GB/s): blake2b-128, XXH3-128, crc32c, zlib crc32, and a
-   memcpy for scale -- what chose common.checksum.
+   memcpy for scale -- what chose common.engine.checksum.
 2. A real segcache process on 127.0.0.1 holds one synthetic entry per size (random tensors in
    the layout of a hybrid model's entry). Per rep, round robin so that load hits all alike:
 
@@ -39,9 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.segcache import start_server  # noqa: E402
-from common.checksum import checksum  # noqa: E402
-from common.pic.entry import AttentionBody, LinearBody, SegmentEntry  # noqa: E402
-from common.rpc.segcache_client import SegcacheClient  # noqa: E402
+from common.engine.checksum import checksum  # noqa: E402
+from common.engine.pic.entry import AttentionBody, LinearBody, SegmentEntry  # noqa: E402
+from common.mesh.segcache_client import SegcacheClient  # noqa: E402
 
 MiB = 1 << 20
 

@@ -173,8 +173,8 @@ def model_level(a) -> list[dict]:
     from pathlib import Path
 
     from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model
-    from common.engine import HybridEngine
-    from common.pic.reuse import build_entry, build_entry_reference
+    from common.engine.hybrid_engine import HybridEngine
+    from common.engine.pic.reuse import build_entry, build_entry_reference
 
     models = [(a.model, Path(a.model).name)] if a.model else []
     tmp = tempfile.TemporaryDirectory()

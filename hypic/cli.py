@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "CA made in DATA_DIR/tls (the client certificate is printed)")
     up.add_argument("--api-key", default=None, help="the router then requires this bearer key")
     up.add_argument("--entry-key-file", default=None,
-                    help="the mesh's entry seal key (common/pic/seal.py); default: one made once "
+                    help="the mesh's entry seal key (common/engine/pic/seal.py); default: one made once "
                     "in DATA_DIR/entry.key and shared by every service of the mesh")
     up.set_defaults(func=cmd_up)
 

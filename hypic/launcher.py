@@ -231,7 +231,7 @@ def mooncake_missing(python: str = sys.executable) -> str | None:
 
 
 _EXEC_DYING_WITH_PARENT = (
-    "import os, sys; from common.rpc.server import die_with_parent_from_env; "
+    "import os, sys; from common.mesh.server import die_with_parent_from_env; "
     "die_with_parent_from_env(); os.execv(sys.argv[1], sys.argv[1:])")
 
 
@@ -435,7 +435,7 @@ class Mesh:
 
     @property
     def entry_key_file(self) -> Path:
-        """The mesh's entry secret (common/pic/seal.py), made once per data directory and kept, so
+        """The mesh's entry secret (common/engine/pic/seal.py), made once per data directory and kept, so
         that entries cached by an earlier run still open; give it to an external combine too.
         The one given to the constructor, if any (it must exist)."""
         if self._entry_key_file is not None:

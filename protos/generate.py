@@ -4,7 +4,7 @@
     python protos/generate.py --out DIR  # writes under DIR/protos/... (the in-sync test uses this)
 
 The generated modules form the `protos` package (`from protos.hypic.v1 import segcache_pb2`),
-which services, common/rpc and the SDK all import; no process needs another's package for it.
+which services, common/mesh and the SDK all import; no process needs another's package for it.
 Protos are compiled from the repository root, so their own imports read
 `import "protos/hypic/v1/router.proto"`. Equivalent to, for each file:
     python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. FILE

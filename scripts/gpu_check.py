@@ -80,7 +80,7 @@ def probe(dry_run: bool) -> dict[str, str | None]:
         except Exception as e:
             out[name] = f"{mod} does not import: {type(e).__name__}: {e}"
     try:
-        from common.rpc.nixl_util import load_nixl
+        from common.mesh.nixl_util import load_nixl
 
         api, err = load_nixl()
         out["nixl"] = None if api is not None else err
@@ -159,7 +159,7 @@ def _tiny(tmp: Path, family: str) -> Path:
 def row_engine(tmp: Path, family: str):
     import torch
 
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
     from kernels.linear_attn import kernel_path
 
     path = _tiny(tmp, family)
@@ -230,7 +230,7 @@ def row_compose():
 def row_reuse(tmp: Path):
     import torch
 
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
 
     path = _tiny(tmp, "gated_deltanet") if not (tmp / "gated_deltanet").exists() else tmp / "gated_deltanet"
     gen = torch.Generator().manual_seed(2)
@@ -271,7 +271,7 @@ def row_segcache(tmp: Path):
 def _nixl_server(conn, nbytes):  # runs in its own process
     import torch
 
-    from common.rpc.nixl_util import NixlAgent
+    from common.mesh.nixl_util import NixlAgent
 
     agent = NixlAgent("gpu-check-server")
     buf = torch.arange(nbytes, dtype=torch.int64, device=DEV).remainder_(251).to(torch.uint8)
@@ -285,7 +285,7 @@ def row_nixl():
 
     import torch
 
-    from common.rpc.nixl_util import NixlAgent
+    from common.mesh.nixl_util import NixlAgent
 
     nbytes = 256 * MiB
     ctx = mp.get_context("spawn")
@@ -341,7 +341,7 @@ def row_bench_reuse(tmp: Path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from bench.reuse import CONFIG
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3_5_text", **CONFIG)).save_pretrained(tmp / "mid")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from common.engine import HybridEngine
+from common.engine.hybrid_engine import HybridEngine
 from tiny import dynamic_cache, hf_chunked_and_greedy, hf_prefill_logits, load_hf, save_tiny
 
 TOL = 1e-4
@@ -134,7 +134,7 @@ def check_loading_error(checkpoint, tensor: str, edit: str, tmp_path):
 
     import pytest
 
-    from common.loader import CheckpointError
+    from common.engine.loader import CheckpointError
 
     def change(sd):
         if edit == "drop":

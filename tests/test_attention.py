@@ -1,9 +1,9 @@
-"""Causal attention with a past (common.layers.attention): the fast paths against the definition."""
+"""Causal attention with a past (common.engine.layers.attention): the fast paths against the definition."""
 import pytest
 import torch
 
-import common.layers.attention as attention
-from common.layers.attention import causal_attention, causal_attention_reference
+import common.engine.layers.attention as attention
+from common.engine.layers.attention import causal_attention, causal_attention_reference
 
 # (q heads, kv heads, Tq, Tk, head dim, value head dim): odd sizes, GQA, decode, no past,
 # and a value head dim that differs (the CPU flash kernel refuses it: the masked path then)

@@ -17,7 +17,7 @@ def test_spec_parsing_and_layer_pattern():
 
 
 def test_saved_random_model_loads_and_builds_entries(tmp_path):
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
 
     path = save_random_model("hidden=128,layers=3,ratio=2:1,vocab=300,intermediate=256", tmp_path / "m",
                              tokenizer_from="models/hypic-tiny-qwen35")

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import hypic
-from common.engine import HybridEngine
-from common.pic import BuildCancelled
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic import BuildCancelled
 from hypic.launcher import Mesh
 from protos.hypic.v1 import scatter_pb2 as spb
 from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc

@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 import hypic
-from common.rpc.segcache_client import SegcacheClient
+from common.mesh.segcache_client import SegcacheClient
 from hypic.launcher import Service
 from services.segcache.claims import ClaimTable
 from test_segcache_service import SegcacheProcess

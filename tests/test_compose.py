@@ -5,7 +5,7 @@ concatenation (relative Frobenius error <= 1e-5 fp32, <= 2e-3 with bf16 inputs a
 naive addition's error measured beside it and asserted far larger. Plus the seed paper's RetNet
 case, the batched (segments x layers x heads) composition in torch and in Triton (interpreter, in a
 subprocess), the short-conv warm-up patch and RoPE state re-rotation (both with the production
-conv and rotary of common/layers).
+conv and rotary of common/engine/layers).
 """
 import os
 import subprocess
@@ -17,8 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.layers.conv import causal_conv
-from common.layers.rotary import RotaryEmbedding
+from common.engine.layers.conv import causal_conv
+from common.engine.layers.rotary import RotaryEmbedding
 from kernels.compose import (
     compose_backend,
     compose_batched,
@@ -213,9 +213,9 @@ def test_composition_backend_is_chosen_in_one_place():
 
 
 def test_pic_composes_through_the_chooser(fresh_seed):
-    """common.pic composes with compose_summary (the chooser's one-segment form), which on CPU is
+    """common.engine.pic composes with compose_summary (the chooser's one-segment form), which on CPU is
     the same arithmetic as kernels.linear_attn.compose, bit for bit."""
-    import common.pic.reuse as reuse
+    import common.engine.pic.reuse as reuse
 
     assert reuse.compose is compose_summary
     gen = torch.Generator().manual_seed(fresh_seed)
@@ -330,7 +330,7 @@ def test_conv_warmup_patch_makes_composition_exact(fresh_seed):
 
 
 # ----------------------------------------------------------------------------------------------
-# RoPE inside a linear layer: state re-rotation (keys rotated by common.layers.rotary)
+# RoPE inside a linear layer: state re-rotation (keys rotated by common.engine.layers.rotary)
 # ----------------------------------------------------------------------------------------------
 def rope_rotation(emb: RotaryEmbedding, delta: int, K: int) -> torch.Tensor:
     """R(delta) [K, K] with emb.apply(x at delta) = R x: the rotary applied to the identity's rows."""

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.rpc.config import load_config
-from common.rpc.discovery import parse_target
+from common.mesh.config import load_config
+from common.mesh.discovery import parse_target
 from service_configs import config_flags, service_config
 from services.segcache.remote_tier import parse_remote_url
 

@@ -1,4 +1,4 @@
-"""Composition of arrived runs (common.pic.reuse.compose_run, common.pic.runs) against the plain
+"""Composition of arrived runs (common.engine.pic.reuse.compose_run, common.engine.pic.runs) against the plain
 reference, segment by segment in prompt order (prefill_segment_major), on every architecture the
 engine serves: random odd segment sizes, random seam widths, random arrival orders."""
 import random
@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
-from common.engine import HybridEngine
-from common.pic.reuse import ARENAS, build_entry, compose_run, prefill_segment_major, without_arenas
-from common.pic.runs import arrived_run, runs_as_arriving
-from common.state import AttentionLayerState, LinearLayerState
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic.reuse import ARENAS, build_entry, compose_run, prefill_segment_major, without_arenas
+from common.engine.pic.runs import arrived_run, runs_as_arriving
+from common.engine.state import AttentionLayerState, LinearLayerState
 from tiny import PIC_CONFIGS, save_tiny
 
 

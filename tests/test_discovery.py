@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import hypic
-from common.engine import HybridEngine
-from common.rpc.config import ConfigError, load_config
-from common.rpc.discovery import MemberSet, parse_target, resolve
+from common.engine.hybrid_engine import HybridEngine
+from common.mesh.config import ConfigError, load_config
+from common.mesh.discovery import MemberSet, parse_target, resolve
 from dns_server import LoopbackDNS
 from hypic.launcher import REPO_ROOT, Service
 from hypic.targets import channel_target

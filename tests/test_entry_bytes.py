@@ -4,7 +4,7 @@ per-token attention bytes equal SegmentEntry.nbytes() of an entry built by the e
 import pytest
 
 from bench.entry_bytes import REAL_CONFIGS, build_meta_model, entry_table, layer_sizes
-from common.engine import HybridEngine
+from common.engine.hybrid_engine import HybridEngine
 from tiny import PIC_CONFIGS, save_tiny
 
 

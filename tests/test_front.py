@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 
 import hypic
 from bench.quality.tasks import eval_prompt, make_query
-from common.rpc.config import load_config
+from common.mesh.config import load_config
 from hypic.launcher import DEFAULT_MODEL, Mesh
 from protos.hypic.v1 import router_pb2 as pb
 from services.front.app import create_app

@@ -62,7 +62,7 @@ def test_budget_skips_rows_that_would_start_late(monkeypatch):
 @pytest.mark.parametrize("family, kinds", [("gated_deltanet", "GatedDeltaNet"), ("kda", "KimiDeltaAttention"),
                                            ("mamba2", "Mamba2Mixer")])
 def test_tiny_checkpoints_load_and_use_the_family(family, kinds, tmp_path):
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
 
     eng = HybridEngine.from_pretrained(gpu_check._tiny(tmp_path, family))
     mixers = [type(layer.mixer).__name__ for layer in eng.model.layers if layer.kind == "linear"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import hypic
-from common.rpc.nixl_util import load_nixl
+from common.mesh.nixl_util import load_nixl
 from hypic.launcher import Mesh
 from tiny import PIC_CONFIGS, save_tiny
 

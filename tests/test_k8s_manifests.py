@@ -22,8 +22,8 @@ import kubernetes.client as k8s
 import pytest
 import yaml
 
-from common.rpc.config import load_config
-from common.rpc.discovery import parse_target
+from common.mesh.config import load_config
+from common.mesh.discovery import parse_target
 from service_configs import service_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,8 +3,8 @@ keys/values: the attention part of an entry is what the model's own KV cache hol
 bytes per cached token against the up-projected layout, and exact reuse from latent entries."""
 import torch
 
-from common.engine import HybridEngine
-from common.pic import AttentionBody, SegmentEntry
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic import AttentionBody, SegmentEntry
 from tiny import PIC_CONFIGS, save_tiny
 
 

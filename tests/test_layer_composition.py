@@ -4,8 +4,8 @@ included: segments summarised alone and composed == one run over the concatenati
 import pytest
 import torch
 
-from common.engine import HybridEngine
-from common.pic.reuse import _linear_body, run_warmup
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic.reuse import _linear_body, run_warmup
 from kernels.linear_attn import compose, linear_attention
 from tiny import PIC_CONFIGS, save_tiny
 

@@ -5,10 +5,12 @@ strings and docstrings never count, and imports inside functions do):
   except the OpenAI front, which is the router's client and reaches it through the SDK exactly as a
   user's application would (CLIENT_SERVICES);
 - kernels/ imports nothing of ours;
-- common/ imports no service and not the SDK;
+- the packages stand in layers, services -> mesh -> engine -> kernels: common/engine imports nothing
+  of ours but kernels/; common/mesh uses of the engine only its pure-Python rules (fingerprint,
+  checksum, modes) and never loads a model; neither imports a service, the SDK or bench/;
 - the SDK imports nothing of bench/, services/, common/ or kernels/;
 - common/ has no import cycle (lazy imports inside functions count too);
-- the engine (common/engine.py, common/models, common/layers, common/pic, kernels), and everything
+- the engine (common/engine, kernels), and everything
   of ours it imports, imports nothing that opens a socket or a database.
 """
 from __future__ import annotations
@@ -21,10 +23,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("bench", "common", "hypic", "kernels", "protos", "services", "tests")
-ENGINE = ("common/engine.py", "common/models", "common/layers", "common/pic", "kernels")
+ENGINE = ("common/engine", "kernels")
+# What the mesh runtime may use of the engine: rules, not the model.
+ENGINE_RULES = ("common.engine.fingerprint", "common.engine.checksum", "common.engine.modes")
 NETWORKED = ("aiohttp", "ftplib", "grpc", "grpc_health", "grpc_tools", "http", "httpx", "lmdb", "nixl",
            "prometheus_client", "requests", "smtplib", "socket", "socketserver", "ssl", "urllib",
-           "urllib3", "uvloop", "websockets", "xmlrpc", "zmq", "common.rpc", "services", "protos")
+           "urllib3", "uvloop", "websockets", "xmlrpc", "zmq", "common.mesh", "services", "protos")
 
 
 def python_files(under: str = "") -> list[Path]:
@@ -111,7 +115,7 @@ def test_the_walker_sees_real_imports() -> None:
     source = """
 import grpc, os.path as p
 from . import store
-from ..rpc import server
+from ..mesh import server
 # import lmdb
 def f(kind):
     import socket
@@ -119,12 +123,13 @@ def f(kind):
     return "import nixl"
 """
     assert imports_in(source, "common.x") == {
-        "grpc", "os.path", "common.x", "common.x.store", "common.rpc", "common.rpc.server", "socket",
+        "grpc", "os.path", "common.x", "common.x.store", "common.mesh", "common.mesh.server", "socket",
         "services"}
     assert "services.segcache.store" in imports_of(ROOT / "services/segcache/servicer.py")
-    assert not within("commonx", ["common"]) and within("common.pic.entry", ["common.pic"])
-    assert [p.relative_to(ROOT).as_posix() for p in loaded_by("common.pic.entry")] == [
-        "common/__init__.py", "common/pic/__init__.py", "common/pic/entry.py"]
+    assert not within("commonx", ["common"]) and within("common.engine.pic.entry", ["common.engine.pic"])
+    assert [p.relative_to(ROOT).as_posix() for p in loaded_by("common.engine.pic.entry")] == [
+        "common/__init__.py", "common/engine/__init__.py", "common/engine/pic/__init__.py",
+        "common/engine/pic/entry.py"]
 
 
 CLIENT_SERVICES = {"front"}  # clients of the router: they may use the SDK, never another service
@@ -147,6 +152,19 @@ def test_common_imports_no_service_nor_the_sdk() -> None:
     assert violations(python_files("common"), ["services", "hypic", "bench", "tests"]) == []
 
 
+def test_the_engine_imports_nothing_of_ours_but_kernels() -> None:
+    assert violations(python_files("common/engine"), ["common.mesh", "protos"]) == []
+    assert all(within(m, ["common.engine", "kernels"]) for f in python_files("common/engine")
+               for m in imports_of(f) if within(m, OURS + ("common",)))
+
+
+def test_the_mesh_uses_only_the_engines_rules() -> None:
+    """The shared runtime never loads a model (scatter and combine do) nor calls kernels."""
+    used = {m for f in python_files("common/mesh") for m in imports_of(f) if within(m, ["common.engine"])}
+    assert used and all(within(m, ENGINE_RULES) for m in used), sorted(used)
+    assert violations(python_files("common/mesh"), ["kernels"]) == []
+
+
 def test_the_sdk_imports_no_bench_service_nor_engine() -> None:
     assert violations(python_files("hypic"), ["bench", "services", "common", "kernels", "tests"]) == []
 
@@ -166,7 +184,7 @@ def engine_closure() -> list[Path]:
 
 def test_the_engine_opens_no_socket() -> None:
     closure = engine_closure()
-    assert ROOT / "common/pic/entry.py" in closure and ROOT / "kernels/__init__.py" in closure
+    assert ROOT / "common/engine/pic/entry.py" in closure and ROOT / "kernels/__init__.py" in closure
     assert violations(closure, NETWORKED) == []
 
 
@@ -202,7 +220,7 @@ def import_cycle(graph: dict[str, list[str]]) -> list[str]:
 
 def test_common_has_no_import_cycle() -> None:
     graph = import_graph(python_files("common"))
-    assert "common/pic/__init__.py" in graph["common/engine.py"]
+    assert "common/engine/pic/__init__.py" in graph["common/engine/hybrid_engine.py"]
     assert import_cycle(graph) == []
 
 

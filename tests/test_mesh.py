@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import hypic
-from common.engine import HybridEngine
+from common.engine.hybrid_engine import HybridEngine
 from hypic.launcher import Mesh
 from protos.hypic.v1 import router_pb2 as pb
 from protos.hypic.v1 import router_pb2_grpc as pb_grpc

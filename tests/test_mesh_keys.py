@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import hypic
-from common.engine import HybridEngine
-from common.rpc.segcache_client import SegcacheClient
+from common.engine.hybrid_engine import HybridEngine
+from common.mesh.segcache_client import SegcacheClient
 from hypic.launcher import Mesh
 from tiny import PIC_CONFIGS, save_tiny
 

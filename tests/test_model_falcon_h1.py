@@ -1,6 +1,6 @@
 """Falcon-H1 (Mamba2 and attention in parallel in every layer, muP multipliers) against
 transformers' own model on tiny random checkpoints. Each Falcon-H1 layer is two of ours
-(attention part, Mamba2 part + MLP; common/models/falcon_h1.py)."""
+(attention part, Mamba2 part + MLP; common/engine/models/falcon_h1.py)."""
 from __future__ import annotations
 
 import sys

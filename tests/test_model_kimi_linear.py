@@ -18,8 +18,8 @@ if not hasattr(_la, "linear_attention"):
 
     _la.linear_attention, _la.recurrent_step = _linear_attention, _recurrent_step
 
-from common.engine import HybridEngine  # noqa: E402
-from common.loader import CheckpointError  # noqa: E402
+from common.engine.hybrid_engine import HybridEngine  # noqa: E402
+from common.engine.loader import CheckpointError  # noqa: E402
 from hf_parity import check_matches_transformers, check_prefill_keeps_given_state  # noqa: E402
 from tiny import load_hf, save_tiny  # noqa: E402
 

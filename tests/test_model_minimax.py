@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.pic.reuse import _linear_body, run_warmup
+from common.engine.pic.reuse import _linear_body, run_warmup
 from hf_parity import PARITY_CHECKS, build_case, check_bf16, check_loading_error
 from tiny import save_tiny
 from kernels.linear_attn import compose, linear_attention, naive_retnet

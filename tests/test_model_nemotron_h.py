@@ -33,8 +33,8 @@ from hf_parity import PARITY_CHECKS, reference_case  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from tiny import save_tiny  # noqa: E402
 
-from common.engine import HybridEngine  # noqa: E402
-from common.loader import CheckpointError  # noqa: E402
+from common.engine.hybrid_engine import HybridEngine  # noqa: E402
+from common.engine.loader import CheckpointError  # noqa: E402
 
 
 COMMON_NH = dict(

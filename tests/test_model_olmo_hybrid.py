@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common.engine import HybridEngine
+from common.engine.hybrid_engine import HybridEngine
 
 from hf_parity import PARITY_CHECKS, build_case, check_bf16, check_loading_error, resave
 from tiny import save_tiny

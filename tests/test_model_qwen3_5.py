@@ -5,9 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from common.engine import HybridEngine
-from common.loader import CheckpointError
-from common.models import UnsupportedArchitecture
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.loader import CheckpointError
+from common.engine.models import UnsupportedArchitecture
 from hf_parity import check_matches_transformers, check_prefill_keeps_given_state
 from tiny import load_hf, save_tiny
 

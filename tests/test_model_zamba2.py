@@ -1,6 +1,6 @@
 """Zamba2 (Mamba2 + transformer blocks shared across depths with per-depth LoRA adapters) against
 transformers' own model on tiny random checkpoints. A hybrid layer is two of ours (the shared
-block at its slot, then the Mamba2 layer; common/models/zamba2.py)."""
+block at its slot, then the Mamba2 layer; common/engine/models/zamba2.py)."""
 from __future__ import annotations
 
 import sys

@@ -1,9 +1,9 @@
-"""The mode table (common/modes.py) agrees with the proto enum, and its rules hold."""
+"""The mode table (common/engine/modes.py) agrees with the proto enum, and its rules hold."""
 from __future__ import annotations
 
 import pytest
 
-from common import modes
+from common.engine import modes
 from protos.hypic.v1 import router_pb2 as rpb
 
 

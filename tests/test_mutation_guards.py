@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from common.engine import HybridEngine
+from common.engine.hybrid_engine import HybridEngine
 from tiny import PIC_CONFIGS, save_tiny
 
 FAMILIES = sorted(PIC_CONFIGS)
@@ -107,7 +107,7 @@ def test_segment_key_separates_every_input_and_is_stable(fresh_seed) -> None:
     """A key names exactly one entry: fingerprint, seam, dtype and the token ids (their order and
     count) all enter it; and it is a stable content address (a cache written by one version is
     found by the next), pinned by a known answer."""
-    from common.fingerprint import segment_key
+    from common.engine.fingerprint import segment_key
 
     g = torch.Generator().manual_seed(fresh_seed)
     ids = torch.randint(0, 512, (12,), generator=g).tolist()

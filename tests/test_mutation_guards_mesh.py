@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 import hypic
-from common.fingerprint import model_fingerprint, segment_key
+from common.engine.fingerprint import model_fingerprint, segment_key
 from hypic.launcher import Mesh
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc

@@ -28,7 +28,7 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.quality.tasks import eval_prompt
-from common.rpc.log import adopt_library_loggers, setup_logging
+from common.mesh.log import adopt_library_loggers, setup_logging
 from hypic.launcher import Mesh
 
 pytestmark = pytest.mark.timeout(300)

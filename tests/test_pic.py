@@ -1,4 +1,4 @@
-"""Reuse prefill (common.pic): exactness invariants, fidelity, decode, bad input.
+"""Reuse prefill (common.engine.pic): exactness invariants, fidelity, decode, bad input.
 
 Runs on tiny random checkpoints of every architecture the engine serves (tests/tiny.py)."""
 import subprocess
@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from common.engine import HybridEngine
-from common.pic import EntryError, EntryMismatch, SegmentEntry, segment_key
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic import EntryError, EntryMismatch, SegmentEntry, segment_key
 from tiny import PIC_CONFIGS, save_tiny
 
 
@@ -75,10 +75,10 @@ def test_prefix_mode_equals_full_when_it_reuses(engine, fresh_seed):
 
 
 def test_one_pass_over_segments_equals_a_forward_per_segment(engine, fresh_seed):
-    """The prefix baseline's single pass (common.pic.prefix.forward_segments) leaves, at every
+    """The prefix baseline's single pass (common.engine.pic.prefix.forward_segments) leaves, at every
     segment end, the state a forward per segment leaves -- from the start and after a prefix."""
-    from common.pic.prefix import forward_segments
-    from common.state import AttentionLayerState, LinearLayerState
+    from common.engine.pic.prefix import forward_segments
+    from common.engine.state import AttentionLayerState, LinearLayerState
 
     segs, _ = random_prompt(engine, fresh_seed, (13, 2, 31, 5, 20))
     for before in (None, engine.forward(segs[0])[2]):
@@ -163,7 +163,7 @@ def test_fused_build_equals_the_reference_build(engine, fresh_seed, length, seam
     """build_entry (T from the forward's own fused kernel) against build_entry_reference (plain
     forward, then features and summary again): same tensors up to float32 round-off (the fused
     kernel orders the sums differently, and S(C|0) is recovered as end - T . start)."""
-    from common.pic.reuse import build_entry_reference
+    from common.engine.pic.reuse import build_entry_reference
 
     segs, _ = random_prompt(engine, fresh_seed, (length,))
     got, ref = engine.build_entry(segs[0], seam).__dict__, build_entry_reference(engine, segs[0], seam).__dict__
@@ -180,7 +180,7 @@ def test_entry_is_identical_in_another_process(tmp_path):
     """Build the same entry in two fresh processes: byte-identical (hence cacheable anywhere)."""
     path = save_tiny("qwen3_5_text", tmp_path / "m", seed=3, **PIC_CONFIGS["qwen3_5_text"])
     code = (
-        "import sys; sys.path.insert(0, '.'); import hashlib; from common.engine import HybridEngine;"
+        "import sys; sys.path.insert(0, '.'); import hashlib; from common.engine.hybrid_engine import HybridEngine;"
         f"e = HybridEngine.from_pretrained({str(path)!r}).build_entry(list(range(1, 60)), seam=8);"
         "print(hashlib.sha256(e.to_bytes()).hexdigest())"
     )

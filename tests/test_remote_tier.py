@@ -18,7 +18,7 @@ import grpc
 import numpy as np
 import pytest
 
-from common.rpc.segcache_client import SegcacheClient
+from common.mesh.segcache_client import SegcacheClient
 from hypic.launcher import find_master_binary, mooncake_missing
 from protos.hypic.v1 import segcache_pb2 as pb
 from services.segcache.records import checksum

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import hypic
-from common.engine import HybridEngine
+from common.engine.hybrid_engine import HybridEngine
 from hypic.launcher import Mesh, Service
 from tiny import PIC_CONFIGS, save_tiny
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from common.fingerprint import model_fingerprint, segment_key
+from common.engine.fingerprint import model_fingerprint, segment_key
 from hypic.launcher import Service
 from protos.hypic.v1 import router_pb2 as pb
 from protos.hypic.v1 import router_pb2_grpc as pb_grpc
@@ -154,7 +154,7 @@ def test_planner_single_flight() -> None:
 
 
 def test_router_config_from_flags_and_env() -> None:
-    from common.rpc.config import ConfigError, load_config
+    from common.mesh.config import ConfigError, load_config
 
     cfg = load_config(RouterConfig, ["--scatter-addresses", "a:1, b:2", "--seam", "4"],
                       env={"HYPIC_ROUTER_COMBINE_ADDRESSES": "c:3,d:4",
@@ -362,7 +362,7 @@ def test_info_and_fingerprint_contract(mesh) -> None:
     assert info.segcache_address == mesh["segcache"].address
     assert len(info.scatter_addresses) == 2 and len(info.combine_addresses) == 2
     # The engine (scatter, combine) reads the same checkpoint as the same fingerprint.
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
     assert HybridEngine.from_pretrained(Path(mesh["model"])).fingerprint == fp
 
 
@@ -456,7 +456,7 @@ def test_unreachable_combines_unavailable_within_deadline_and_lookup_hits_planne
     """A real segcache holds one of two segments: the router plans 2 hits + 1 miss (assigned to
     a scatter worker), tries both combines (one refuses, one never completes a connection) and
     answers UNAVAILABLE before the client's deadline."""
-    from common.rpc.segcache_client import SegcacheClient
+    from common.mesh.segcache_client import SegcacheClient
 
     fp = model_fingerprint(mesh["model"])
     cached, fresh = [5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22]

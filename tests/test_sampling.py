@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.engine import pick_token
-from common.sampling import top_p_filter, top_p_filter_reference
+from common.engine.hybrid_engine import pick_token
+from common.engine.sampling import top_p_filter, top_p_filter_reference
 
 
 @pytest.mark.parametrize("vocab", [2, 17, 349, 1000])

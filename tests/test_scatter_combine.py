@@ -27,13 +27,13 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.checksum import DIGEST_BYTES
-from common.checksum import checksum as entry_checksum
-from common.engine import HybridEngine
-from common.pic import SegmentEntry, segment_key
-from common.pic.seal import open_sealed, seal
-from common.rpc.nixl_util import load_nixl
-from common.rpc.segcache_client import SegcacheClient, checksum
+from common.engine.checksum import DIGEST_BYTES
+from common.engine.checksum import checksum as entry_checksum
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic import SegmentEntry, segment_key
+from common.engine.pic.seal import open_sealed, seal
+from common.mesh.nixl_util import load_nixl
+from common.mesh.segcache_client import SegcacheClient, checksum
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
 from protos.hypic.v1 import router_pb2 as rpb
@@ -617,7 +617,7 @@ def test_combine_composes_arrived_runs_equal_to_segment_major(mesh, engine, mode
 
 
 def test_compose_order_config(monkeypatch, capsys):
-    from common.rpc.config import ConfigError, load_config
+    from common.mesh.config import ConfigError, load_config
     from services.combine.__main__ import main
     from services.combine.config import ENV_PREFIX, CombineConfig
 

@@ -196,7 +196,7 @@ def test_mesh_reports_a_service_that_cannot_start(tmp_path) -> None:
 def test_launcher_flags_match_service_configs(tmp_path) -> None:
     """Every flag Mesh starts a service with is a field of that service's config dataclass, and
     the config loads (catches renamed flags before a mesh is started)."""
-    from common.rpc.config import load_config
+    from common.mesh.config import load_config
     from service_configs import config_flags, service_config
 
     m = Mesh(tmp_path / "model", tmp_path / "data", n_scatter=2, threads=1)

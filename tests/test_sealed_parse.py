@@ -6,10 +6,10 @@ import random
 import pytest
 import torch
 
-from common.engine import HybridEngine
-from common.fingerprint import segment_key
-from common.pic.entry import AttentionBody, EntryError, LinearBody, SegmentEntry
-from common.pic.seal import V1_MAGIC, _v1_tag, open_sealed, seal
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.fingerprint import segment_key
+from common.engine.pic.entry import AttentionBody, EntryError, LinearBody, SegmentEntry
+from common.engine.pic.seal import V1_MAGIC, _v1_tag, open_sealed, seal
 from services.combine.fetch import BadEntry, _open_and_parse
 from tiny import PIC_CONFIGS, save_tiny
 

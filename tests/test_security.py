@@ -22,13 +22,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import hypic
-from common.engine import HybridEngine
-from common.rpc.auth import bearer_ok, read_secret
-from common.rpc.config import describe, load_config
-from common.rpc.nixl_listen import devices_for_host
-from common.rpc.segcache_client import SegcacheClient
-from common.rpc.server import channel_options
-from common.rpc.tls import open_channel
+from common.engine.hybrid_engine import HybridEngine
+from common.mesh.auth import bearer_ok, read_secret
+from common.mesh.config import describe, load_config
+from common.mesh.nixl_listen import devices_for_host
+from common.mesh.segcache_client import SegcacheClient
+from common.mesh.server import channel_options
+from common.mesh.tls import open_channel
 from hypic.certs import generate_mesh_certs
 from hypic.launcher import Mesh, Service
 from protos.hypic.v1 import router_pb2 as pb
@@ -138,7 +138,7 @@ def test_router_refuses_plaintext_and_unknown_cas(mesh, api_key, tmp_path):
 # ---- segcache: reads for the mesh, writes for the writer role --------------------------------------
 
 def test_segcache_writes_need_the_writer_role(mesh, fresh_seed):
-    from common.pic.seal import load_secret, seal
+    from common.engine.pic.seal import load_secret, seal
     from test_trust import fake_entry, key_of
 
     # a Put must also be a sealed entry for its key (the mesh's entry key): the writer's one is

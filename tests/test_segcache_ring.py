@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from common.rpc.segcache_client import SegcacheClient
-from common.rpc.segcache_ring import SegcacheRing, group_by_owner, owner, parse_addresses, weight
+from common.mesh.segcache_client import SegcacheClient
+from common.mesh.segcache_ring import SegcacheRing, group_by_owner, owner, parse_addresses, weight
 from protos.hypic.v1 import segcache_pb2 as pb
 from test_segcache_service import SegcacheProcess
 

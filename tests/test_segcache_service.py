@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.rpc.nixl_util import load_nixl
-from common.rpc.segcache_client import SegcacheClient, checksum
+from common.mesh.nixl_util import load_nixl
+from common.mesh.segcache_client import SegcacheClient, checksum
 from protos.hypic.v1 import segcache_pb2 as pb
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from common.rpc.config import ConfigError, load_config, parse_int
+from common.mesh.config import ConfigError, load_config, parse_int
 from services.segcache.config import ENV_PREFIX, SegcacheConfig
 from services.segcache.policy import GDSFPolicy, LRUPolicy
 from services.segcache.lmdb_file import HEADER

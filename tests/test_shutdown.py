@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.rpc.nixl_util import NixlAgent, load_nixl
-from common.rpc.segcache_client import SegcacheClient
+from common.mesh.nixl_util import NixlAgent, load_nixl
+from common.mesh.segcache_client import SegcacheClient
 
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 60

@@ -15,9 +15,9 @@ import grpc
 import numpy as np
 import pytest
 
-from common.fingerprint import segment_key
-from common.pic.seal import ForgedEntry, open_sealed, seal
-from common.rpc.segcache_client import SegcacheClient
+from common.engine.fingerprint import segment_key
+from common.engine.pic.seal import ForgedEntry, open_sealed, seal
+from common.mesh.segcache_client import SegcacheClient
 from protos.hypic.v1 import segcache_pb2 as pb
 from test_segcache_service import arun, code_of, launch  # noqa: F401  (launch: a fixture)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import hypic
-from common.engine import HybridEngine
+from common.engine.hybrid_engine import HybridEngine
 from hypic.cli import main as cli_main
 from hypic.launcher import Mesh, mooncake_missing
 from tiny import PIC_CONFIGS, save_tiny

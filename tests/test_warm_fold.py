@@ -1,4 +1,4 @@
-"""The query folded into the last layer-major pass (common.pic.reuse.compose_and_query) against
+"""The query folded into the last layer-major pass (common.engine.pic.reuse.compose_and_query) against
 the plain two steps it replaces (query_after_compose: compose_run, then engine.forward(query)),
 on every architecture the engine serves: random odd segment sizes, seam widths and query lengths,
 from the empty state and from a composed prefix, keys concatenated or in an arena."""
@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from common.engine import HybridEngine
-from common.pic.reuse import (ARENAS, build_entry, compose_and_query, compose_run, prefill_segment_major,
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic.reuse import (ARENAS, build_entry, compose_and_query, compose_run, prefill_segment_major,
                               query_after_compose, without_arenas)
 from test_compose_runs import rel, state_rel
 from tiny import PIC_CONFIGS, save_tiny

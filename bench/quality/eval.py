@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from bench.quality import tasks as T
-from common.modes import LABELS
-from common.modes import MODES as PREFILL_MODES
+from common.engine.modes import LABELS
+from common.engine.modes import MODES as PREFILL_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / "models" / "hypic-tiny-qwen35"
@@ -44,7 +44,7 @@ DETAIL = 50  # prompts per task whose predictions and margins are stored (what t
 
 
 def load_engine(model: Path):
-    from common.engine import HybridEngine
+    from common.engine.hybrid_engine import HybridEngine
 
     return HybridEngine.from_pretrained(model, dtype=torch.float32, device="cpu")
 

@@ -3,7 +3,7 @@
 ``compose_batched`` runs the Triton kernel for CUDA tensors (when triton imports) and the torch
 path otherwise; both share one API (see :mod:`kernels.compose.torch_ref` for shapes). Which one
 is decided in one place, :func:`compose_backend`. Triton is imported only when a CUDA tensor
-asks for it. ``compose_summary`` is the one-segment form common.pic composes with.
+asks for it. ``compose_summary`` is the one-segment form common.engine.pic composes with.
 """
 from __future__ import annotations
 

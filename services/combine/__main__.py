@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from common.engine import HybridEngine
-from common.rpc import service
-from common.rpc.nixl_listen import restrict_nixl_to_host
-from common.rpc.segcache_ring import parse_addresses
+from common.engine.hybrid_engine import HybridEngine
+from common.mesh import service
+from common.mesh.log import adopt_library_loggers
+from common.mesh.nixl_listen import restrict_nixl_to_host
+from common.mesh.segcache_ring import parse_addresses
 from protos.hypic.v1 import combine_pb2_grpc
 from services.combine.config import ENV_PREFIX, CombineConfig
 from services.combine.servicer import SERVICE_NAME, CombineServicer
@@ -35,7 +36,10 @@ class CombineService(service.Service):
 
     async def prepare(self) -> None:
         self.nixl_devices = restrict_nixl_to_host(self.cfg.host)  # before the first NIXL agent
-        self.engine = await asyncio.to_thread(service.load_engine, self.cfg)
+        cfg = self.cfg
+        self.engine = await asyncio.to_thread(HybridEngine.for_worker, cfg.model, cfg.dtype, cfg.device,
+                                              cfg.threads)
+        adopt_library_loggers()  # transformers, imported just now, logs as JSON too
         self.servicer = CombineServicer(self.cfg, self.engine)
         if self.cfg.warmup:
             await self.servicer.run(warmup, self.engine)

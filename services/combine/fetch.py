@@ -24,17 +24,17 @@ from typing import Any, Awaitable, Callable
 import grpc
 import structlog
 
-from common.engine import HybridEngine
-from common.pic import BuildCancelled
-from common.pic.entry import EntryMismatch, SegmentEntry
-from common.rpc.auth import read_secret
-from common.pic.seal import ForgedEntry, open_sealed, seal
-from common.rpc.log import REQUEST_ID_KEY
-from common.rpc.nixl_util import NixlUnavailable
-from common.rpc.segcache_client import ChecksumError, SegcacheClient
-from common.rpc.segcache_ring import owner, parse_addresses
-from common.rpc.server import channel_options
-from common.rpc.tls import open_channel
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic import BuildCancelled
+from common.engine.pic.entry import EntryMismatch, SegmentEntry
+from common.mesh.auth import read_secret
+from common.engine.pic.seal import ForgedEntry, open_sealed, seal
+from common.mesh.log import REQUEST_ID_KEY
+from common.mesh.nixl_util import NixlUnavailable
+from common.mesh.segcache_client import ChecksumError, SegcacheClient
+from common.mesh.segcache_ring import owner, parse_addresses
+from common.mesh.server import channel_options
+from common.mesh.tls import open_channel
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import scatter_pb2 as spb
 from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
@@ -210,13 +210,13 @@ class RequestCtx:
     run: Callable[..., Awaitable[Any]]  # runs a function on the engine thread
     request_id: str
     deadline: Deadline
-    seam: int  # the seam width entries must have (common.modes.seam_for)
+    seam: int  # the seam width entries must have (common.engine.modes.seam_for)
     dtype: str
     scatter_addresses: list[str]
     segcache_address: str | None  # one instance or a comma-separated list (the router's view)
     store: bool
     segcache_keys: list[str]  # keys planned as hits (for one tier Lookup on the NIXL path)
-    secret: bytes = b""  # the mesh's entry secret (common/pic/seal.py)
+    secret: bytes = b""  # the mesh's entry secret (common/engine/pic/seal.py)
     background: list[asyncio.Task] = field(default_factory=list)  # drains and stores
     _lookup: dict[str, asyncio.Task] = field(default_factory=dict)  # instance -> its Lookup
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of a combine worker.
 
-Per-RPC latency histograms and call counts come from common.rpc (hypic_rpc_latency_seconds,
+Per-RPC latency histograms and call counts come from common.mesh (hypic_rpc_latency_seconds,
 hypic_rpc_total, labelled service="combine").
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from common.rpc.metrics import LATENCY_BUCKETS
+from common.mesh.metrics import LATENCY_BUCKETS
 
 # stage: fetch (one segcache read), build (one scatter/local build wait), compose (body
 # composition of one segment), seams (seam recompute of one segment), compose_layer_major (one

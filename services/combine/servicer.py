@@ -23,17 +23,17 @@ import grpc
 import structlog
 import torch
 
-from common import modes
-from common.engine import HybridEngine, pick_token  # the sampler engine.generate uses
-from common.pic import compose_run, compose_segment, prefill_segments
-from common.pic.entry import dtype_name
-from common.pic.reuse import compose_and_query, without_arenas
-from common.pic.runs import arrived_run
-from common.pic.seal import load_secret
-from common.rpc.abort import Abort
-from common.rpc.checks import check_model, check_seam, check_temperature, expected_key
-from common.rpc.guard import internal_details
-from common.rpc.log import new_request_id, sanitize_request_id
+from common.engine import modes
+from common.engine.hybrid_engine import HybridEngine, pick_token  # the sampler engine.generate uses
+from common.engine.pic import compose_run, compose_segment, prefill_segments
+from common.engine.pic.entry import dtype_name
+from common.engine.pic.reuse import compose_and_query, without_arenas
+from common.engine.pic.runs import arrived_run
+from common.engine.pic.seal import load_secret
+from common.mesh.abort import Abort
+from common.mesh.checks import check_model, check_seam, check_temperature, expected_key
+from common.mesh.guard import internal_details
+from common.mesh.log import new_request_id, sanitize_request_id
 from protos.hypic.v1 import combine_pb2 as pb
 from protos.hypic.v1 import combine_pb2_grpc as pb_grpc
 from protos.hypic.v1 import router_pb2 as rpb
@@ -59,7 +59,7 @@ def _mode_label(value: int) -> str:
 class _Execution:
     """One Execute call, as its stages share it."""
     plan: pb.Plan
-    mode: str  # canonical (common.modes)
+    mode: str  # canonical (common.engine.modes)
     segs: list[list[int]]
     keys: list[str]
     query: list[int]

@@ -31,8 +31,8 @@ from services.front.config import FrontConfig
 from services.front.errors import ApiError, bad_request
 from services.front.generation import Generation
 from services.front.params import check_supported, sampling, wants_usage_in_stream
-from common.rpc.auth import read_secret
-from common.rpc.log import sanitize_request_id
+from common.mesh.auth import read_secret
+from common.mesh.log import sanitize_request_id
 from services.front.routers import RouterPool
 from services.front.segments import ChatTemplate, Prompt, chat_prompt, completion_prompt
 

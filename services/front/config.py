@@ -1,7 +1,7 @@
 """FrontConfig: every knob of the OpenAI-compatible front.
 
 Flags are `--field-name`, environment variables `HYPIC_FRONTEND_FIELD_NAME`; flag > env > default
-(common.rpc.config). `--router-addresses` is comma-separated; requests go round-robin, the next
+(common.mesh.config). `--router-addresses` is comma-separated; requests go round-robin, the next
 router when one is unreachable.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from common import modes
+from common.engine import modes
 
 ENV_PREFIX = "HYPIC_FRONTEND_"
 MODE_NAMES = (*modes.MODES, *modes.ALIASES)  # canonical names, and "naive" (additive's old name)

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from common import modes
+from common.engine import modes
 from hypic import errors as sdk
 from services.front import metrics as m
 from services.front.errors import from_sdk

@@ -12,8 +12,8 @@ import asyncio
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from common.rpc import service
-from common.rpc.auth import ApiKeyInterceptor, read_secret
+from common.mesh import service
+from common.mesh.auth import ApiKeyInterceptor, read_secret
 from protos.hypic.v1 import router_pb2_grpc
 from services.router.config import ENV_PREFIX, RouterConfig
 from services.router.model import ModelError, ModelInfo

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from common.rpc.segcache_ring import SegcacheRing
+from common.mesh.segcache_ring import SegcacheRing
 from services.router import metrics as m
 
 log = structlog.get_logger("router.claims")

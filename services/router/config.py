@@ -1,10 +1,10 @@
 """RouterConfig: every knob of the router service.
 
 Flags are `--field-name`, environment variables `HYPIC_ROUTER_FIELD_NAME`; flag > env > default
-(common.rpc.config). Address lists are comma-separated, `--scatter-addresses
+(common.mesh.config). Address lists are comma-separated, `--scatter-addresses
 127.0.0.1:50071,127.0.0.1:50072`, or one DNS name whose every A/AAAA record is a member,
 `--scatter-addresses dns:///scatter:50071`, re-resolved every --discovery-refresh-s
-(common.rpc.discovery).
+(common.mesh.discovery).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from common.rpc.config import ServiceConfig
-from common.rpc.discovery import Target, parse_target
-from common.rpc.auth import api_key_field
+from common.mesh.config import ServiceConfig
+from common.mesh.discovery import Target, parse_target
+from common.mesh.auth import api_key_field
 
 ENV_PREFIX = "HYPIC_ROUTER_"
 MiB = 1 << 20

@@ -1,11 +1,11 @@
-"""Router metrics (Prometheus). Per-RPC latency and counts come from common.rpc
+"""Router metrics (Prometheus). Per-RPC latency and counts come from common.mesh
 (hypic_rpc_latency_seconds / hypic_rpc_total with service="router")."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from common.rpc.metrics import LATENCY_BUCKETS
+from common.mesh.metrics import LATENCY_BUCKETS
 
 REQUESTS = Counter("hypic_router_requests", "Generate requests by mode and outcome (status code)",
                    ["mode", "code"])

@@ -1,5 +1,5 @@
 """What the router knows about the model without loading its weights: type, vocabulary size,
-fingerprint (common.fingerprint) and tokenizer (transformers.AutoTokenizer, when the model
+fingerprint (common.engine.fingerprint) and tokenizer (transformers.AutoTokenizer, when the model
 directory has tokenizer files)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from common.fingerprint import model_fingerprint
+from common.engine.fingerprint import model_fingerprint
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

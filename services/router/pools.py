@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import structlog
 
-from common.rpc.tls import open_channel
+from common.mesh.tls import open_channel
 from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
 from protos.hypic.v1 import scatter_pb2 as spb
 from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
@@ -44,7 +44,7 @@ class CombinePool:
 
     def __init__(self, addresses: list[str], options: list, cooldown_s: float, *, tls: Any = None):
         self.cooldown_s = cooldown_s
-        self.tls = tls  # a config with the TLS fields (common.rpc.tls), or None: plaintext
+        self.tls = tls  # a config with the TLS fields (common.mesh.tls), or None: plaintext
         self.options = options
         self.items: list[_Combine] = []
         self._leaving: list[_Combine] = []

@@ -22,16 +22,16 @@ from typing import Any, AsyncIterator
 import grpc
 import structlog
 
-from common import modes
-from common.fingerprint import segment_key
-from common.rpc.abort import Abort
-from common.rpc.checks import check_temperature
-from common.rpc.discovery import MemberSet
-from common.rpc.guard import internal_details
-from common.rpc.log import REQUEST_ID_KEY, sanitize_request_id
-from common.rpc.segcache_ring import SegcacheRing
-from common.rpc.tls import open_channel
-from common.rpc.server import channel_options
+from common.engine import modes
+from common.engine.fingerprint import segment_key
+from common.mesh.abort import Abort
+from common.mesh.checks import check_temperature
+from common.mesh.discovery import MemberSet
+from common.mesh.guard import internal_details
+from common.mesh.log import REQUEST_ID_KEY, sanitize_request_id
+from common.mesh.segcache_ring import SegcacheRing
+from common.mesh.tls import open_channel
+from common.mesh.server import channel_options
 from protos.hypic.v1 import combine_pb2 as cpb
 from protos.hypic.v1 import router_pb2 as pb
 from protos.hypic.v1 import router_pb2_grpc as pb_grpc

@@ -13,13 +13,14 @@ import sys
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
-from common.engine import HybridEngine
-from common.rpc import service
-from common.rpc.auth import read_secret
-from common.rpc.segcache_ring import RECONNECT_OPTIONS, SegcacheRing
-from common.rpc.server import channel_options
-from common.rpc.tls import open_channel
-from common.rpc.server import format_address
+from common.engine.hybrid_engine import HybridEngine
+from common.mesh import service
+from common.mesh.log import adopt_library_loggers
+from common.mesh.auth import read_secret
+from common.mesh.segcache_ring import RECONNECT_OPTIONS, SegcacheRing
+from common.mesh.server import channel_options
+from common.mesh.tls import open_channel
+from common.mesh.server import format_address
 from protos.hypic.v1 import scatter_pb2_grpc
 from services.scatter.config import ENV_PREFIX, ScatterConfig
 from services.scatter.servicer import SERVICE_NAME, ScatterServicer
@@ -32,7 +33,10 @@ class ScatterService(service.Service):
     engine: HybridEngine  # loaded by prepare()
 
     async def prepare(self) -> None:
-        self.engine = await asyncio.to_thread(service.load_engine, self.cfg)
+        cfg = self.cfg
+        self.engine = await asyncio.to_thread(HybridEngine.for_worker, cfg.model, cfg.dtype, cfg.device,
+                                              cfg.threads)
+        adopt_library_loggers()  # transformers, imported just now, logs as JSON too
         # One build thread: builds share one model (and build_entry hooks its layers while it
         # runs), and torch already spreads one build over the cores.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scatter-build")

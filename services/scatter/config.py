@@ -1,7 +1,7 @@
 """ScatterConfig: every knob of a scatter worker.
 
 Flags are `--field-name`, environment variables `HYPIC_SCATTER_FIELD_NAME`; flag > env >
-default (common.rpc.config). Sizes accept suffixes: `--max-message-bytes 64MiB`.
+default (common.mesh.config). Sizes accept suffixes: `--max-message-bytes 64MiB`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from common.rpc.config import ServiceConfig
-from common.rpc.auth import write_token_field
+from common.mesh.config import ServiceConfig
+from common.mesh.auth import write_token_field
 
 ENV_PREFIX = "HYPIC_SCATTER_"
 MiB = 1 << 20
@@ -51,7 +51,7 @@ class ScatterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
     segcache_timeout_s: float = field(default=30.0, metadata=_h("timeout of one segcache Put"))
     entry_key_file: Optional[Path] = field(default=None, metadata=_h(
         "file holding the mesh's entry secret (the same for segcache, scatter and combine): entries "
-        "are sealed with it and refused unless they open under it (common/pic/seal.py); none = an "
+        "are sealed with it and refused unless they open under it (common/engine/pic/seal.py); none = an "
         "unkeyed seal, which binds an entry's header to its tensors but does not stop forgery"))
 
     # --- authorisation (docs/security.md) ---------------------------------------------------

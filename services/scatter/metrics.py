@@ -1,6 +1,6 @@
 """Prometheus metrics of a scatter worker.
 
-Per-RPC latency histograms and call counts come from common.rpc (hypic_rpc_latency_seconds,
+Per-RPC latency histograms and call counts come from common.mesh (hypic_rpc_latency_seconds,
 hypic_rpc_total, labelled service="scatter").
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from common.rpc.metrics import LATENCY_BUCKETS
+from common.mesh.metrics import LATENCY_BUCKETS
 
 BUILD_SECONDS = Histogram("hypic_scatter_build_seconds", "Prefill + entry build time of one segment",
                           buckets=LATENCY_BUCKETS)

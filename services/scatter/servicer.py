@@ -23,16 +23,16 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from common.engine import HybridEngine
-from common.pic import BuildCancelled
-from common.pic.entry import dtype_name
-from common.pic.seal import load_secret, seal
-from common.rpc.abort import Abort
-from common.rpc.checks import check_model, expected_key, stream_chunk
-from common.rpc.guard import internal_details
-from common.rpc.log import sanitize_request_id
-from common.rpc.segcache_client import checksum
-from common.rpc.segcache_ring import SegcacheRing
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic import BuildCancelled
+from common.engine.pic.entry import dtype_name
+from common.engine.pic.seal import load_secret, seal
+from common.mesh.abort import Abort
+from common.mesh.checks import check_model, expected_key, stream_chunk
+from common.mesh.guard import internal_details
+from common.mesh.log import sanitize_request_id
+from common.mesh.segcache_client import checksum
+from common.mesh.segcache_ring import SegcacheRing
 from protos.hypic.v1 import scatter_pb2 as pb
 from protos.hypic.v1 import scatter_pb2_grpc as pb_grpc
 from services.scatter import metrics as m

@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import REGISTRY
 
-from common.rpc import service
-from common.rpc.nixl_listen import restrict_nixl_to_host
+from common.mesh import service
+from common.mesh.nixl_listen import restrict_nixl_to_host
 from protos.hypic.v1 import segcache_pb2_grpc
 from services.segcache.access import writer_role_interceptor
 from services.segcache.config import ENV_PREFIX, SegcacheConfig

@@ -1,10 +1,10 @@
 """Who may call which segcache RPC: reads are the mesh's, everything else needs the writer role
-(common/rpc/auth.py). Default deny: an RPC added to the service is a write until listed here."""
+(common/mesh/auth.py). Default deny: an RPC added to the service is a write until listed here."""
 from __future__ import annotations
 
 from typing import Any
 
-from common.rpc.auth import WriterRoleInterceptor, read_secret
+from common.mesh.auth import WriterRoleInterceptor, read_secret
 
 SERVICE = "hypic.v1.Segcache"
 # Claim is the router's (a reader): it writes no entry, only a lease that expires by itself.

@@ -1,7 +1,7 @@
 """SegcacheConfig: every knob of the segcache service.
 
 Flags are `--field-name`, environment variables `HYPIC_SEGCACHE_FIELD_NAME`; flag > env >
-default (common.rpc.config). Sizes accept suffixes: `--host-bytes 8GiB`.
+default (common.mesh.config). Sizes accept suffixes: `--host-bytes 8GiB`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from common.rpc.config import ServiceConfig
-from common.rpc.auth import write_token_field
+from common.mesh.config import ServiceConfig
+from common.mesh.auth import write_token_field
 from services.segcache.remote_tier import parse_remote_url
 
 ENV_PREFIX = "HYPIC_SEGCACHE_"
@@ -53,7 +53,7 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
     data_dir: Path = field(default=Path("segcache-data"), metadata=_h("LMDB directory"))
     entry_key_file: Optional[Path] = field(default=None, metadata=_h(
         "file holding the mesh's entry secret: when given, a Put must be a sealed entry that opens "
-        "under it and whose header names its key (common/pic/seal.py), else INVALID_ARGUMENT; "
+        "under it and whose header names its key (common/engine/pic/seal.py), else INVALID_ARGUMENT; "
         "none = entries are opaque bytes"))
     device_bytes: int = field(default=0, metadata=_h("tier 0 budget (GPU memory); 0 = off; "
                                                       "used only when CUDA is available"))

@@ -1,7 +1,7 @@
 """The segment store's persistence: its LMDB file and the write-behind thread (no tiers here).
 
 LMDB holds two databases, written in one transaction per commit:
-  data: key -> 32-byte header (magic "HSC1", version, payload length, XXH3-128 digest, common/checksum.py) + payload
+  data: key -> 32-byte header (magic "HSC1", version, payload length, XXH3-128 digest, common/engine/checksum.py) + payload
   meta: key -> size, recompute cost, token count, pin flag, digest, model fingerprint, and (format
         2) a blake2b-64 of the key and all of that, so that a damaged record is dropped alone
         instead of being believed (a flipped size bit once drove the eviction of 42 good entries)
@@ -28,7 +28,7 @@ from services.segcache.lmdb_check import damage, move_aside
 from services.segcache.records import HEADER_BYTES, CacheFull, CorruptEntry, Entry, checksum
 
 MAGIC = b"HSC1"
-FORMAT_VERSION = 2  # 2: XXH3-128 digests (common.checksum); version 1 (blake2b) records read as corrupt
+FORMAT_VERSION = 2  # 2: XXH3-128 digests (common.engine.checksum); version 1 (blake2b) records read as corrupt
 # magic, version, flags, payload length, digest
 HEADER = struct.Struct("<4sHHQ16s")
 assert HEADER.size == HEADER_BYTES

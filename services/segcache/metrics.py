@@ -1,6 +1,6 @@
 """Prometheus view of the store, read at scrape time (no double bookkeeping).
 
-Per-RPC latency histograms and call counts come from common.rpc (hypic_rpc_latency_seconds,
+Per-RPC latency histograms and call counts come from common.mesh (hypic_rpc_latency_seconds,
 hypic_rpc_total, labelled service="segcache").
 """
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from common.rpc.nixl_util import NixlAgent, NixlUnavailable
+from common.mesh.nixl_util import NixlAgent, NixlUnavailable
 from services.segcache.store import TIER_HOST, EntryInfo, HostLease, SegmentStore
 
 log = structlog.get_logger("segcache.nixl")

@@ -12,7 +12,7 @@ import numpy as np
 
 from services.segcache.policy import Policy
 
-from common.checksum import DIGEST_BYTES, checksum  # noqa: F401  (the one checksum; re-exported)
+from common.engine.checksum import DIGEST_BYTES, checksum  # noqa: F401  (the one checksum; re-exported)
 
 TIER_MISS, TIER_DEVICE, TIER_HOST, TIER_DISK = 0, 1, 2, 3
 TIER_NAMES = {TIER_MISS: "miss", TIER_DEVICE: "device", TIER_HOST: "host", TIER_DISK: "disk"}

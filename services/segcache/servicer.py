@@ -12,11 +12,11 @@ import grpc
 import numpy as np
 import structlog
 
-from common.pic.seal import ForgedEntry, load_secret, open_sealed, warn_no_key
-from common.rpc.abort import Abort
-from common.rpc.checks import stream_chunk
-from common.rpc.guard import internal_details
-from common.rpc.nixl_util import NixlUnavailable
+from common.engine.pic.seal import ForgedEntry, load_secret, open_sealed, warn_no_key
+from common.mesh.abort import Abort
+from common.mesh.checks import stream_chunk
+from common.mesh.guard import internal_details
+from common.mesh.nixl_util import NixlUnavailable
 from protos.hypic.v1 import segcache_pb2 as pb
 from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
 from services.segcache import metrics as m

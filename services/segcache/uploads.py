@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Iterator
 
 import grpc
 
-from common.rpc.abort import Abort
+from common.mesh.abort import Abort
 from services.segcache import metrics as m
 
 

@@ -1,0 +1,214 @@
+"""Ring / Ling 2.5 (bailing_hybrid): KDA linear layers + gated MLA attention, DeepSeek-style MoE.
+
+Layer i is KDA or MLA per `config.layer_types` (one MLA layer closing every group of
+`layer_group_size`); its MLP is dense or MoE per `config.mlp_layer_types`. Pre-norm blocks with
+plain (Llama) RMSNorms. Checkpoint names (transformers' save_pretrained and the released models):
+model.word_embeddings, model.layers.{i}.attention.* (both mixers; the output projection is `dense`),
+model.layers.{i}.mlp.*, MoE router gate.weight and gate.expert_bias, experts.{e}.{gate,up,down}_proj.
+
+KDA (kernels.linear_attn family "kda"): q, k, v = silu(conv(q|k|v proj(x))) with q, k
+L2-normalised (fp32), beta = sigmoid(b_proj(x)), scale = head_dim^-0.5, and a per-channel forget gate
+
+    u = f_proj(x) + dt_bias            g = lower_bound * sigmoid(exp(A_log) * u)   (kda_safe_gate)
+                                       g = -exp(A_log) * softplus(u)               (otherwise)
+
+(rounded to the model dtype, as transformers does); output o_proj(RMSNorm(o) * sigmoid(g_proj(x))).
+
+MLA: keys = [kv_b(norm(latent))_nope, rope(k_rot) shared over heads], values = kv_b(...)_v,
+q = [q_nope, rope(q_rot)] from one q_proj (no q LoRA), scale (nope + rope)^-0.5, and a sigmoid
+output gate per head, g_proj(x). RoPE is DeepSeek's interleaved-pair form, which equals the
+rotate-half form on the de-interleaved channels (evens then odds) — what transformers computes, so
+keys are stored with their rope part in that layout; re-rotation acts on those last `rope` channels.
+The layer state keeps the up-projected keys [B,H,T,nope+rope] and values [B,H,T,v_head_dim].
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.engine.layers.attention import attend
+from common.engine.layers.conv import causal_conv
+from common.engine.layers.mlp import GatedMLP
+from common.engine.layers.norm import RMSNorm
+from common.engine.models.base import ForwardContext, HybridLM
+from common.engine.models.decoder import ChunkedLinearMixer, PreNormLayer, default_rotary, route_to_experts
+from common.engine.models.kimi_linear import KimiRouter, SigmoidGatedRMSNorm, l2norm
+
+
+class BailingDeltaAttention(ChunkedLinearMixer):
+    """KDA mixer of Ring / Ling 2.5."""
+
+    family = "kda"
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.hidden = cfg.hidden_size
+        self.n_heads, self.head_dim = cfg.linear_num_heads, cfg.linear_head_dim
+        self.dim = d = self.n_heads * self.head_dim
+        self.kernel = self.conv_kernel = cfg.linear_conv_kernel_dim
+        if cfg.hidden_act not in ("silu", "swish"):
+            raise ValueError(f"bailing_hybrid: unsupported KDA conv activation {cfg.hidden_act!r}")
+        self.safe_gate, self.lower_bound = bool(cfg.kda_safe_gate), float(cfg.kda_lower_bound)
+        self.q_proj = nn.Linear(self.hidden, d, bias=False)
+        self.k_proj = nn.Linear(self.hidden, d, bias=False)
+        self.v_proj = nn.Linear(self.hidden, d, bias=False)
+        self.q_conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=False)
+        self.k_conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=False)
+        self.v_conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=False)
+        self.f_proj = nn.Linear(self.hidden, d, bias=False)
+        self.A_log = nn.Parameter(torch.empty(self.n_heads))
+        self.dt_bias = nn.Parameter(torch.empty(d))
+        self.b_proj = nn.Linear(self.hidden, self.n_heads, bias=False)
+        self.g_proj = nn.Linear(self.hidden, d, bias=False)
+        self.o_norm = SigmoidGatedRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.dense = nn.Linear(d, self.hidden, bias=False)
+        self.scale = self.head_dim**-0.5
+
+    def conv_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """The channels that enter the short convs (q|k|v), [B, T, 3*dim]."""
+        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+
+    def conv_weight(self) -> torch.Tensor:
+        return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], 0).squeeze(1)
+
+    def gate(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-channel log-decay g [B,T,H,K] (fp32 values of the model dtype, in (lower_bound, 0))."""
+        B, T, _ = x.shape
+        u = self.f_proj(x).float().view(B, T, self.n_heads, self.head_dim)
+        u = u + self.dt_bias.float().view(self.n_heads, self.head_dim)
+        rate = self.A_log.float().exp().view(self.n_heads, 1)
+        g = self.lower_bound * torch.sigmoid(rate * u) if self.safe_gate else -rate * F.softplus(u)
+        return g.to(x.dtype).float()
+
+    def features(self, x: torch.Tensor, conv_tail: torch.Tensor | None):
+        """(q, k [B,T,H,K] fp32, v [B,T,H,V], g [B,T,H,K] fp32, beta [B,T,H] fp32, out gate, tail)."""
+        B, T, _ = x.shape
+        mixed, tail = causal_conv(self.conv_inputs(x).transpose(1, 2), self.conv_weight(), None, conv_tail)
+        q, k, v = torch.split(mixed.transpose(1, 2), [self.dim] * 3, dim=-1)
+        shape = (B, T, self.n_heads, self.head_dim)
+        q = l2norm(q.reshape(shape).float())
+        k = l2norm(k.reshape(shape).float())
+        beta = torch.sigmoid(self.b_proj(x)).float()
+        return q, k, v.reshape(shape), self.gate(x), beta, self.g_proj(x).view(shape), tail
+
+    def output(self, o: torch.Tensor, out_gate: torch.Tensor, dtype) -> torch.Tensor:
+        B, T = o.shape[:2]
+        return self.dense(self.o_norm(o.to(dtype), out_gate).reshape(B, T, self.dim))
+
+
+def deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """(x0, x1, x2, x3, ...) -> (x0, x2, ..., x1, x3, ...): interleaved-pair RoPE == rotate-half on this."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+
+
+class BailingMLA(nn.Module):
+    """Multi-head latent attention with interleaved RoPE on the shared k_rot and a per-head gate."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.hidden = cfg.hidden_size
+        self.n_heads = cfg.num_attention_heads
+        self.kv_lora_rank = cfg.kv_lora_rank
+        self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        self.qk_dim = self.nope + self.rope
+        bias = bool(getattr(cfg, "attention_bias", False))
+        self.q_proj = nn.Linear(self.hidden, self.n_heads * self.qk_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(self.hidden, self.kv_lora_rank + self.rope, bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)  # transformers: default eps
+        self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.n_heads * (self.nope + self.v_dim), bias=False)
+        self.dense = nn.Linear(self.n_heads * self.v_dim, self.hidden, bias=bias)
+        self.g_proj = nn.Linear(self.hidden, self.n_heads, bias=False)
+        self.rotary = default_rotary(cfg, self.rope, "bailing_hybrid")
+        self.scale = self.qk_dim**-0.5
+
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.rotary.cos_sin(positions, x.dtype)
+        return self.rotary.apply(deinterleave(x), cos, sin)
+
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        """q, k [B,H,T,nope+rope] (rope part rotated, de-interleaved), v [B,H,T,v_dim]."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.qk_dim).transpose(1, 2)
+        q_nope, q_rot = torch.split(q, [self.nope, self.rope], dim=-1)
+        latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [self.kv_lora_rank, self.rope], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, T, self.n_heads, self.nope + self.v_dim)
+        k_nope, v = torch.split(kv.transpose(1, 2), [self.nope, self.v_dim], dim=-1)
+        k_rot = self._rotate(k_rot.view(B, 1, T, self.rope), positions).expand(B, self.n_heads, T, self.rope)
+        q = torch.cat([q_nope, self._rotate(q_rot, positions)], dim=-1)
+        return q, torch.cat([k_nope, k_rot], dim=-1), v.contiguous()
+
+    def rerotate(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
+        """Keys stored at positions p -> at p + delta: only the (de-interleaved) rope channels turn."""
+        if delta == 0:
+            return keys
+        k_nope, k_rot = torch.split(keys, [self.nope, self.rope], dim=-1)
+        return torch.cat([k_nope, self.rotary.rerotate(k_rot, delta)], dim=-1)
+
+    def forward(self, x, state, ctx: ForwardContext):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x, ctx.positions)
+        o, new_state = attend(q, k, v, state, self.scale, ctx)  # o [B,T,H,v_dim]
+        gate = torch.sigmoid(self.g_proj(x).float()).to(x.dtype)
+        return self.dense((o * gate.unsqueeze(-1)).reshape(B, T, -1)), new_state
+
+
+class BailingMoE(nn.Module):
+    """Sigmoid router with a score-correction bias (checkpoint: gate.expert_bias) and grouped top-k
+    (common.engine.models.kimi_linear.KimiRouter), SwiGLU experts and shared experts."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        E, D = cfg.num_local_experts, cfg.hidden_size
+        self.gate = KimiRouter(D, E, cfg.num_experts_per_tok, cfg.n_group or 1, cfg.topk_group or 1,
+                               bool(cfg.norm_topk_prob), float(cfg.routed_scaling_factor))
+        self.experts = nn.ModuleList(GatedMLP(D, cfg.moe_intermediate_size, cfg.hidden_act) for _ in range(E))
+        self.shared_experts = GatedMLP(D, cfg.moe_intermediate_size * cfg.n_shared_experts, cfg.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        h = x.reshape(-1, shape[-1])
+        w, idx = self.gate(h)
+        out = route_to_experts(h, w, idx, lambda e, t: self.experts[e](t))
+        return (out + self.shared_experts(h)).view(shape)
+
+
+class BailingLayer(PreNormLayer):
+    MIXER = {"linear": "attention", "attention": "attention"}  # both mixers: the checkpoint's "attention"
+
+    def __init__(self, cfg, idx: int):
+        super().__init__()
+        self.kind = "attention" if cfg.layer_types[idx] == "full_attention" else "linear"
+        self.attention = BailingMLA(cfg) if self.kind == "attention" else BailingDeltaAttention(cfg)
+        sparse = cfg.mlp_layer_types[idx] == "sparse"
+        self.mlp = BailingMoE(cfg) if sparse else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class BailingHybridLM(HybridLM):
+    arch = "bailing_hybrid"
+    checkpoint_prefixes = ("model.",)
+    embedding_name = "word_embeddings.weight"
+    fp32_params = ("A_log", "dt_bias", "e_score_correction_bias")
+
+    def __init__(self, cfg):
+        super().__init__()
+        # the MTP layers past num_hidden_layers (training only) are left in the checkpoint
+        self.build(cfg, (BailingLayer(cfg, i) for i in range(cfg.num_hidden_layers)),
+                   RMSNorm(cfg.hidden_size, cfg.rms_norm_eps), embeddings="word_embeddings")
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:  # HybridLM's name; the checkpoint says word_embeddings
+        return self.word_embeddings
+
+    def checkpoint_name_fn(self, reader):
+        base = super().checkpoint_name_fn(reader)
+
+        def name_of(p: str) -> str | None:
+            name = base(p)
+            if name is not None and name.endswith(".gate.e_score_correction_bias"):
+                name = name[: -len("e_score_correction_bias")] + "expert_bias"
+            return name
+
+        return name_of

@@ -1,0 +1,269 @@
+"""SegmentEntry: what Hypic caches for one segment, and its byte format.
+
+An entry is built by prefilling the segment alone, as if it started the prompt. Its first `seam`
+tokens are not cached (they are recomputed at reuse under the real prefix); the rest, the body, is
+kept per layer:
+
+- linear layer: the transition operator T and zero-start state S of the body's *cached span*
+  (body tokens after the conv warm-up, see below), the conv tail (the last kernel-1 conv inputs
+  of the body), and the layer inputs of the warm-up tokens: body tokens whose short conv would
+  reach back before the segment (only when seam < kernel-1); they are re-run at reuse with the
+  real conv state so that the linear layer sees exactly what the full run sees.
+- full-attention layer: the body's keys and values at their cache-time positions (seam ..
+  n_tokens-1); reuse rotates them to their real positions.
+
+Bytes: b"HYPE" | u32 header length | header JSON | safetensors payload | 16-byte digest. The
+digest (common.engine.checksum) covers every byte before it, so a corrupted entry is refused, never
+used; it is the one check of an entry's bytes on the hit path (readers skip the transport's).
+The header JSON is padded with spaces so that the payload starts 8-aligned: parsing views the
+tensors in the received buffer instead of copying them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+import warnings
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from safetensors.torch import save as st_save
+
+from common.engine.checksum import DIGEST_BYTES, checksum
+from common.engine.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
+from kernels.linear_attn import Summary, summary_form
+
+MAGIC = b"HYPE"
+FORMAT_VERSION = 2  # 2: trailing common.engine.checksum digest, payload 8-aligned (version 1 still read)
+PAYLOAD_ALIGN = 8
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+class EntryError(ValueError):
+    """An entry that cannot be used: corrupted, or built for another model, seam or dtype."""
+
+
+class EntryMismatch(EntryError):
+    """A sound entry that does not fit the request (model, tokens, seam, dtype or layer layout)."""
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    return dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
+
+
+def body_kind(body: "LinearBody | AttentionBody | None") -> str:
+    """One layer's kind in an entry: "linear:<form>", "attention" or "none"."""
+    if isinstance(body, LinearBody):
+        return "linear:" + body.form
+    return "attention" if isinstance(body, AttentionBody) else "none"
+
+
+def entry_layout(model) -> list[str]:
+    """The per-layer kinds (as `body_kind` names them) an entry for `model` must have."""
+    out = []
+    for layer in model.layers:
+        if layer.kind == "linear":
+            out.append("linear:" + summary_form(layer.mixer.family))
+        else:
+            out.append("attention" if layer.kind == "attention" else "none")
+    return out
+
+
+@dataclass
+class LinearBody:
+    T: torch.Tensor  # structured transition operator of the cached span (fp32)
+    form: str  # "scalar" | "vector" | "matrix"
+    S: torch.Tensor  # [1, H, K, V] zero-start end state of the cached span (fp32)
+    conv_tail: torch.Tensor | None  # [1, C, <= kernel-1] conv inputs of the body's last tokens
+    warmup_inputs: torch.Tensor | None  # [1, n_warm, D] mixer inputs of the warm-up tokens
+
+    @property
+    def summary(self) -> Summary:
+        return Summary(self.T, self.S, self.form)
+
+
+@dataclass
+class AttentionBody:
+    keys: torch.Tensor  # [1, kv_heads, body_len, D] rotated to positions seam..n_tokens-1
+    values: torch.Tensor
+
+
+@dataclass
+class SegmentEntry:
+    token_ids: list[int]
+    seam: int  # seam width the entry was built with
+    model_fingerprint: str
+    dtype: str
+    layers: list[LinearBody | AttentionBody | None] = field(default_factory=list)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seam_len(self) -> int:
+        return min(self.seam, self.n_tokens)
+
+    @property
+    def body_len(self) -> int:
+        return self.n_tokens - self.seam_len
+
+    @property
+    def seam_tokens(self) -> list[int]:
+        return self.token_ids[: self.seam_len]
+
+    @property
+    def key(self) -> str:
+        return segment_key(self.model_fingerprint, self.seam, self.dtype, self.token_ids)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._tensors().values())
+
+    @property
+    def layout(self) -> list[str]:
+        return [body_kind(b) for b in self.layers]
+
+    def check(self, token_ids: Sequence[int], *, seam: int, fingerprint: str, dtype: torch.dtype | str,
+              layout: Sequence[str] | None = None) -> None:
+        """The one check that this entry fits a request: built by the model `fingerprint` names,
+        in `dtype`, with seam width `seam` (the request's effective seam, see common.engine.modes), for
+        exactly `token_ids`, and (when given) with the model's per-layer `layout` (`entry_layout`).
+        Raises EntryMismatch saying what differs."""
+        if self.model_fingerprint != fingerprint:
+            raise EntryMismatch(f"entry built for another model ({self.model_fingerprint[:12]})")
+        if self.seam != seam:
+            raise EntryMismatch(f"entry built with seam {self.seam}, the request uses {seam}")
+        if self.dtype != dtype_name(dtype):
+            raise EntryMismatch(f"entry built in {self.dtype}, the request uses {dtype_name(dtype)}")
+        if self.token_ids != list(token_ids):
+            raise EntryMismatch("entry holds other tokens than the segment")
+        if layout is not None and self.layout != list(layout):
+            raise EntryMismatch(f"entry layers {self.layout} do not fit the model's {list(layout)}")
+
+    # -- bytes ------------------------------------------------------------------------------
+    def _tensors(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for i, body in enumerate(self.layers):
+            if isinstance(body, LinearBody):
+                out[f"{i}.T"], out[f"{i}.S"] = body.T, body.S
+                if body.conv_tail is not None:
+                    out[f"{i}.conv"] = body.conv_tail
+                if body.warmup_inputs is not None:
+                    out[f"{i}.warm"] = body.warmup_inputs
+            elif isinstance(body, AttentionBody):
+                out[f"{i}.k"], out[f"{i}.v"] = body.keys, body.values
+        return {k: v.detach().contiguous().cpu() for k, v in out.items()}
+
+    def to_bytes(self) -> bytes:
+        payload = st_save(self._tensors())
+        kinds = [
+            "linear:" + b.form if isinstance(b, LinearBody) else "attention" if isinstance(b, AttentionBody) else "none"
+            for b in self.layers
+        ]
+        header = dict(
+            version=FORMAT_VERSION, token_ids=self.token_ids, seam=self.seam, fingerprint=self.model_fingerprint,
+            dtype=self.dtype, layers=kinds,
+        )
+        hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        # trailing spaces (valid JSON) so the payload, and with it every tensor, starts 8-aligned
+        hb += b" " * (-(8 + len(hb)) % PAYLOAD_ALIGN)
+        body = MAGIC + struct.pack("<I", len(hb)) + hb + payload
+        return body + checksum(body)
+
+    @classmethod
+    def from_bytes(cls, data, device="cpu", sealed: bool = False) -> "SegmentEntry":
+        """Parse and verify an entry: every byte is checked once, here, where it lands (readers
+        of segcache and scatter pass verify=False to the transport for entries).
+
+        data: any bytes-like object; writable buffers (bytearray, numpy) are viewed, not copied:
+        the tensors share its memory, so the caller must not reuse it.
+        sealed: the caller has just opened these bytes' seal (common.engine.pic.seal.open_sealed), whose
+        tag (a MAC) covers every byte, the digest included: that is their one check, the digest is not
+        computed again. Everything else (magic, header, payload layout) is checked as always."""
+        mv = memoryview(data).cast("B")
+        if mv.readonly:
+            mv = memoryview(bytearray(mv))  # tensors must not alias immutable memory
+        if len(mv) < 8 or mv[:4] != MAGIC:
+            raise EntryError("not a segment entry (bad magic)")
+        (n,) = struct.unpack("<I", mv[4:8])
+        try:
+            header = json.loads(bytes(mv[8 : 8 + n]))
+        except ValueError as e:
+            raise EntryError(f"corrupted entry header: {e}") from None
+        version = header.get("version") if isinstance(header, dict) else None
+        if version == FORMAT_VERSION:
+            if len(mv) < 8 + n + DIGEST_BYTES:
+                raise EntryError("truncated entry")
+            if not sealed and checksum(mv[:-DIGEST_BYTES]) != bytes(mv[-DIGEST_BYTES:]):
+                raise EntryError("entry checksum mismatch: corrupted bytes")
+            payload = mv[8 + n : -DIGEST_BYTES]
+        elif version == 1:  # written before common.engine.checksum: blake2b of the payload in the header
+            payload = mv[8 + n :]
+            if hashlib.blake2b(payload, digest_size=16).hexdigest() != header.get("checksum"):
+                raise EntryError("entry checksum mismatch: corrupted payload")
+        else:
+            raise EntryError(f"entry format version {version} (expected {FORMAT_VERSION})")
+        tensors = _view_safetensors(payload)
+        try:
+            layers = [_layer(tensors, i, kind, device) for i, kind in enumerate(header["layers"])]
+            return cls(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise EntryError(f"malformed entry header: {e!r}") from None
+
+
+def _layer(tensors: dict[str, torch.Tensor], i: int, kind: str, device) -> LinearBody | AttentionBody | None:
+    if kind.startswith("linear:"):
+        opt = lambda name: tensors[name].to(device) if name in tensors else None  # noqa: E731
+        return LinearBody(T=tensors[f"{i}.T"].to(device), form=kind.split(":", 1)[1], S=tensors[f"{i}.S"].to(device),
+                          conv_tail=opt(f"{i}.conv"), warmup_inputs=opt(f"{i}.warm"))
+    if kind == "attention":
+        return AttentionBody(tensors[f"{i}.k"].to(device), tensors[f"{i}.v"].to(device))
+    return None
+
+
+# -- safetensors payload, viewed in place (safetensors.torch.load copies every tensor) -------
+ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+             "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+             "BOOL": torch.bool}
+
+
+def _view_safetensors(payload: memoryview) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors buffer as views of it (a tensor that is not aligned to its
+    element size is copied); any inconsistency is an EntryError."""
+    if len(payload) < 8:
+        raise EntryError("truncated payload")
+    (n,) = struct.unpack("<Q", payload[:8])
+    if n > len(payload) - 8:
+        raise EntryError("truncated payload header")
+    try:
+        meta = json.loads(bytes(payload[8 : 8 + n]))
+    except ValueError as e:
+        raise EntryError(f"corrupted payload header: {e}") from None
+    base, size = 8 + n, len(payload) - 8 - n
+    out = {}
+    for name, info in meta.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (a, b) = ST_DTYPES[info["dtype"]], [int(d) for d in info["shape"]], info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise EntryError(f"bad payload header for tensor {name!r}") from None
+        numel = math.prod(shape)
+        item = torch.empty((), dtype=dtype).element_size()
+        if not (0 <= a <= b <= size and b - a == numel * item):
+            raise EntryError(f"tensor {name!r} does not fit the payload")
+        out[name] = _view(payload, base + a, numel, dtype, item).view(shape)
+    return out
+
+
+def _view(buf: memoryview, offset: int, numel: int, dtype: torch.dtype, item: int) -> torch.Tensor:
+    if numel == 0:
+        return torch.empty(0, dtype=dtype)
+    with warnings.catch_warnings():  # numpy buffers of segcache reads: fine to alias
+        warnings.simplefilter("ignore")
+        t = torch.frombuffer(buf, dtype=dtype, count=numel, offset=offset)
+    return t.clone() if t.data_ptr() % item else t  # misaligned (a version-1 entry): copy it

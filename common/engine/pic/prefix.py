@@ -1,0 +1,119 @@
+"""The Prefix Cache baseline: exact reuse of the longest segment-aligned prefix seen before.
+
+Model states are kept at segment boundaries (as SGLang's and vLLM's hybrid prefix caches keep
+them), keyed by a chained hash of the segments so far, bounded in bytes, evicted LRU.
+
+The uncached segments run in one forward pass (`forward_segments`), as a fair baseline must:
+attention layers attend over the whole suffix in one call and the boundary states hold views of
+its keys and values (no per-segment copies); linear layers run segment by segment inside that
+pass, which is what yields their state at each boundary.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+
+import torch
+
+from common.engine.layers.attention import append_kv, attention_values, causal_attention
+from common.engine.models.base import ForwardContext
+from common.engine.state import AttentionLayerState, LinearLayerState, ModelState
+from kernels.linear_attn import linear_attention
+
+
+def chain_keys(fingerprint: str, dtype: str, segments: list[list[int]]) -> list[str]:
+    """keys[j] identifies the prefix segments[0..j] (boundaries included)."""
+    keys, h = [], hashlib.blake2b(digest_size=20, person=b"hypic-prefix-v1")
+    h.update(fingerprint.encode() + b"\0" + dtype.encode())
+    for seg in segments:
+        h.update(struct.pack(f"<I{len(seg)}I", len(seg), *seg))
+        keys.append(h.copy().hexdigest())
+    return keys
+
+
+class PrefixCache:
+    def __init__(self, max_bytes: int = 1 << 30):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[str, tuple[ModelState, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: str) -> ModelState | None:
+        item = self._items.get(key)
+        if item is None:
+            return None
+        self._items.move_to_end(key)
+        return item[0]
+
+    def put(self, key: str, state: ModelState) -> None:
+        if key in self._items:
+            self._items.move_to_end(key)
+            return
+        size = state.nbytes()
+        if size > self.max_bytes:
+            return
+        self._items[key] = (state, size)
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, (_, s) = self._items.popitem(last=False)
+            self.bytes -= s
+
+    def clear(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
+
+@torch.inference_mode()
+def forward_segments(engine, segments: list[list[int]], state: ModelState | None) -> list[ModelState]:
+    """Run `segments` after `state` (None: from the start) in one forward pass; the model state
+    at the end of each segment. Equals one engine.forward per segment (up to float round-off)."""
+    state = engine.new_state() if state is None else state
+    ids = [t for seg in segments for t in seg]
+    ends, n = [], 0
+    for seg in segments:
+        n += len(seg)
+        ends.append(n)
+    plan = SegmentEndsPlan(state, ends, engine.model)
+    start = state.seq_len
+    ctx = ForwardContext(positions=torch.arange(start, start + n, device=engine.device), plan=plan)
+    _, final = engine.model(torch.tensor([ids], dtype=torch.long, device=engine.device), state, ctx=ctx)
+    out = []
+    for j, end in enumerate(ends):
+        layers = [plan.at_end[j].get(i, final.layers[i]) for i in range(len(final.layers))]
+        out.append(ModelState(layers=layers, seq_len=start + end, extra=dict(state.extra)))
+    return out
+
+
+class SegmentEndsPlan:
+    """Forward-context plan of `forward_segments`: records every layer's state at each segment
+    end (the last end's state is the pass's own result)."""
+
+    def __init__(self, state: ModelState, ends: list[int], model):
+        self.state = state
+        self.model = model
+        self.ends = ends
+        self.at_end: list[dict[int, object]] = [{} for _ in ends]
+
+    def attend(self, q, k, v, scale, ctx):
+        st = append_kv(self.state.layers[ctx.layer], k, v)
+        past = st.keys.shape[2] - k.shape[2]
+        for j, end in enumerate(self.ends[:-1]):
+            self.at_end[j][ctx.layer] = AttentionLayerState(st.keys[:, :, : past + end], st.values[:, :, : past + end])
+        values = attention_values(self.model.layers[ctx.layer].mixer, st.keys, st.values)
+        return causal_attention(q, st.keys, values, scale), st
+
+    def run_linear(self, mixer, x, ctx):
+        prev = self.state.layers[ctx.layer]
+        conv, S = (None, None) if prev is None else (prev.conv, prev.recurrent)
+        ys, a = [], 0
+        for j, end in enumerate(self.ends):
+            q, k, v, g, beta, aux, conv = mixer.features(x[:, a:end], conv)
+            o, S = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=S, scale=mixer.scale)
+            ys.append(mixer.output(o, aux, x.dtype))
+            if j < len(self.ends) - 1:
+                self.at_end[j][ctx.layer] = LinearLayerState(conv, S)
+            a = end
+        return torch.cat(ys, 1), LinearLayerState(conv, S)

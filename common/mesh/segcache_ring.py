@@ -1,0 +1,241 @@
+"""Many segcache instances behind one client: each key lives on the instance rendezvous hashing
+(highest random weight) picks among the instances this process sees healthy.
+
+    ring = SegcacheRing("10.0.0.1:50061,10.0.0.2:50061")   # or a list; one address works too
+    infos = await ring.lookup(keys)      # one Lookup per instance, concurrent; never raises
+    await ring.put(key, data, ...)       # to the key's owner
+    got = await ring.get_with_info(key)  # from the key's owner
+
+Why rendezvous: adding or removing one of N instances moves only the keys whose highest weight
+was (or becomes) that instance, about 1/N of them, and every process that sees the same instance
+list places a key on the same instance with no coordination.
+
+Health is passive: an instance whose call fails with UNAVAILABLE or DEADLINE_EXCEEDED (or that
+does not answer a Lookup within its budget) is left out of placement for `cooldown_s`, then tried
+again; when it answers, its keys are its own again. A down or slow instance makes its keys
+misses, never a failed lookup. Lives in common/ because router, scatter and combine all use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import grpc
+import structlog
+
+from common.mesh.segcache_client import SegcacheClient
+from common.mesh.server import channel_options as server_channel_options
+from protos.hypic.v1 import segcache_pb2 as pb
+
+log = structlog.get_logger("segcache.ring")
+
+DEFAULT_COOLDOWN_S = 2.0
+MAX_LOOKUP_KEYS = 4096  # segcache's default max_lookup_keys
+# Codes that say "the instance is not there (or too slow)", as opposed to "this request is bad".
+DOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                     ("grpc.max_reconnect_backoff_ms", 1000)]
+
+
+def parse_addresses(spec: str | Iterable[str] | None) -> list[str]:
+    """'a:1, b:2,a:1' -> ['a:1', 'b:2'] (order kept, blanks and repeats dropped)."""
+    if spec is None:
+        return []
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    out: list[str] = []
+    for p in parts:
+        p = p.strip()
+        if p and p not in out:
+            out.append(p)
+    return out
+
+
+def weight(address: str, key: str) -> int:
+    """The rendezvous weight of `key` on `address`: 64 bits of blake2b over both."""
+    h = hashlib.blake2b(f"{address}\x00{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big")
+
+
+def owner(key: str, addresses: Sequence[str]) -> str:
+    """The instance of `addresses` with the highest weight for `key` (ties: the first listed)."""
+    if not addresses:
+        raise ValueError("no segcache addresses")
+    return max(addresses, key=lambda a: weight(a, key))
+
+
+def group_by_owner(keys: Iterable[str], addresses: Sequence[str]) -> dict[str, list[str]]:
+    """Keys grouped by their owner, each group in the keys' order."""
+    groups: dict[str, list[str]] = {}
+    for k in keys:
+        groups.setdefault(owner(k, addresses), []).append(k)
+    return groups
+
+
+class SegcacheRing:
+    """SegcacheClient's key-addressed calls over many instances (the same names and arguments)."""
+
+    def __init__(self, addresses: str | Sequence[str], *, cooldown_s: float = DEFAULT_COOLDOWN_S,
+                 channel_options: list[tuple[str, Any]] | None = None,
+                 open_channel: Callable[[str], grpc.aio.Channel] | None = None, **client_kw: Any):
+        """open_channel: address -> channel (TLS, the caller's options); default: an insecure
+        channel with `channel_options` and a short reconnect backoff."""
+        self.addresses = parse_addresses(addresses)
+        if not self.addresses:
+            raise ValueError("no segcache addresses")
+        self.cooldown_s = cooldown_s
+        if channel_options is None:
+            channel_options = server_channel_options(client_kw.get("max_message_bytes", 64 << 20))
+        # An instance that comes back is found again within seconds, not gRPC's default minutes.
+        channel_options = list(channel_options) + RECONNECT_OPTIONS
+        if open_channel is None:
+            def open_channel(a: str) -> grpc.aio.Channel:
+                return grpc.aio.insecure_channel(a, options=channel_options)
+        self.clients: dict[str, SegcacheClient] = {
+            a: SegcacheClient(a, channel=open_channel(a), **client_kw) for a in self.addresses}
+        self._down_until: dict[str, float] = {}
+
+    @property
+    def target(self) -> str:
+        return ",".join(self.addresses)
+
+    async def __aenter__(self) -> "SegcacheRing":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.clients.values()), return_exceptions=True)
+
+    # ---- health --------------------------------------------------------------------------------
+    def healthy(self) -> list[str]:
+        """Instances in placement now; all of them when none is (better a retry than no cache)."""
+        now = time.monotonic()
+        up = [a for a in self.addresses if self._down_until.get(a, 0.0) <= now]
+        return up or list(self.addresses)
+
+    def mark_down(self, address: str, why: str) -> None:
+        if self._down_until.get(address, 0.0) <= time.monotonic():
+            log.warning("segcache instance left out of placement", segcache=address, reason=why,
+                        cooldown_s=self.cooldown_s)
+        self._down_until[address] = time.monotonic() + self.cooldown_s
+
+    def _note(self, address: str, exc: BaseException) -> None:
+        if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in DOWN_CODES:
+            self.mark_down(address, exc.code().name)
+        elif isinstance(exc, (asyncio.TimeoutError, OSError)):
+            self.mark_down(address, type(exc).__name__)
+
+    def owner(self, key: str) -> str:
+        return owner(key, self.healthy())
+
+    def client_for(self, key: str) -> SegcacheClient:
+        return self.clients[self.owner(key)]
+
+    # ---- lookup: batched per instance, concurrent, failures are misses ----------------------------
+    async def _lookup_one(self, address: str, keys: list[str], request_id: str | None,
+                          timeout: float | None, failed: list[str]) -> list[pb.EntryInfo]:
+        client = self.clients[address]
+        t = client.timeout_s if timeout is None else timeout
+        try:
+            found: list[pb.EntryInfo] = []
+            for i in range(0, len(keys), MAX_LOOKUP_KEYS):
+                found += await asyncio.wait_for(client.lookup(
+                    keys[i:i + MAX_LOOKUP_KEYS], request_id=request_id, timeout=t), t)
+            return found
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
+            self._note(address, e)
+            failed.append(address)
+            log.warning("segcache lookup failed; its keys are misses", segcache=address,
+                        keys=len(keys), error=type(e).__name__ if not isinstance(e, grpc.aio.AioRpcError)
+                        else e.code().name)
+            return [pb.EntryInfo(key=k, tier=pb.TIER_MISS) for k in keys]
+
+    async def lookup(self, keys: Sequence[str], *, request_id: str | None = None,
+                     timeout: float | None = None) -> list[pb.EntryInfo]:
+        """EntryInfo of every key (TIER_MISS for misses and for keys of a down or slow instance)."""
+        return (await self.lookup_reporting(keys, request_id=request_id, timeout=timeout))[0]
+
+    async def lookup_reporting(self, keys: Sequence[str], *, request_id: str | None = None,
+                               timeout: float | None = None
+                               ) -> tuple[list[pb.EntryInfo], list[str], list[str]]:
+        """lookup(), plus the instances asked and those that failed (their keys are misses)."""
+        groups = group_by_owner(keys, self.healthy())
+        failed: list[str] = []
+        results = await asyncio.gather(*(self._lookup_one(a, ks, request_id, timeout, failed)
+                                         for a, ks in groups.items()))
+        by_key = {e.key: e for r in results for e in r}
+        entries = [by_key.get(k) or pb.EntryInfo(key=k, tier=pb.TIER_MISS) for k in keys]
+        return entries, list(groups), failed
+
+    # ---- build claims: batched per instance like lookups ---------------------------------------------
+    async def _claim_one(self, address: str, keys: list[str], holder: str, lease_s: float,
+                         request_id: str | None, timeout: float | None) -> list[pb.ClaimResult]:
+        client = self.clients[address]
+        t = client.timeout_s if timeout is None else timeout
+        if self._down_until.get(address, 0.0) > time.monotonic():
+            return [pb.ClaimResult(key=k, granted=True) for k in keys]  # do not wait on it again
+        try:
+            return await asyncio.wait_for(client.claim(keys, holder, lease_s, request_id=request_id,
+                                                       timeout=t), t)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
+            # No one to coordinate with: build (a duplicate build at worst, never a wait).
+            self._note(address, e)
+            return [pb.ClaimResult(key=k, granted=True) for k in keys]
+
+    async def claim(self, keys: Sequence[str], holder: str, lease_s: float, *,
+                    request_id: str | None = None, timeout: float | None = None) -> list[pb.ClaimResult]:
+        """ClaimResult of every key; an instance that fails grants its keys (build them)."""
+        groups = group_by_owner(keys, self.healthy())
+        results = await asyncio.gather(*(
+            self._claim_one(a, ks[i:i + MAX_LOOKUP_KEYS], holder, lease_s, request_id, timeout)
+            for a, ks in groups.items() for i in range(0, len(ks), MAX_LOOKUP_KEYS)))
+        by_key = {r.key: r for rs in results for r in rs}
+        return [by_key.get(k) or pb.ClaimResult(key=k, granted=True) for k in keys]
+
+    # ---- one key: its owner ------------------------------------------------------------------------
+    async def _on_owner(self, key: str, method: str, *args: Any, **kw: Any) -> Any:
+        address = self.owner(key)
+        try:
+            return await getattr(self.clients[address], method)(key, *args, **kw)
+        except Exception as e:
+            self._note(address, e)
+            raise
+
+    async def put(self, key: str, data: Any, **kw: Any) -> pb.PutResponse:
+        return await self._on_owner(key, "put", data, **kw)
+
+    async def get_with_info(self, key: str, **kw: Any) -> tuple[pb.EntryInfo, bytearray] | None:
+        return await self._on_owner(key, "get_with_info", **kw)
+
+    async def get(self, key: str, **kw: Any) -> bytearray | None:
+        return await self._on_owner(key, "get", **kw)
+
+    async def get_via_nixl(self, key: str, **kw: Any) -> Any:
+        return await self._on_owner(key, "get_via_nixl", **kw)
+
+    # ---- many keys: grouped by owner -----------------------------------------------------------------
+    async def delete(self, keys: Iterable[str], **kw: Any) -> int:
+        groups = group_by_owner(keys, self.healthy())
+        counts = await asyncio.gather(*(self.clients[a].delete(ks, **kw) for a, ks in groups.items()))
+        return sum(counts)
+
+    async def pin(self, keys: Iterable[str], pinned: bool = True, **kw: Any) -> pb.PinResponse:
+        groups = group_by_owner(keys, self.healthy())
+        resps = await asyncio.gather(*(self.clients[a].pin(ks, pinned, **kw)
+                                       for a, ks in groups.items()))
+        return pb.PinResponse(updated=sum(r.updated for r in resps),
+                              missing=[k for r in resps for k in r.missing])
+
+    async def stats(self, **kw: Any) -> dict[str, pb.StatsResponse | None]:
+        """Stats of every instance (None for one that did not answer)."""
+        async def one(a: str) -> pb.StatsResponse | None:
+            try:
+                return await self.clients[a].stats(**kw)
+            except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
+                self._note(a, e)
+                return None
+        return dict(zip(self.addresses, await asyncio.gather(*(one(a) for a in self.addresses))))
