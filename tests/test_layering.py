@@ -7,7 +7,7 @@ strings and docstrings never count, and imports inside functions do):
 - kernels/ imports nothing of ours;
 - the packages stand in layers, services -> mesh -> engine -> kernels: common/engine imports nothing
   of ours but kernels/; common/mesh uses of the engine only its pure-Python rules (fingerprint,
-  checksum, modes) and never loads a model; neither imports a service, the SDK or bench/;
+  checksum, modes, dtypes) and never loads a model; neither imports a service, the SDK or bench/;
 - the SDK imports nothing of bench/, services/, common/ or kernels/;
 - common/ has no import cycle (lazy imports inside functions count too);
 - the engine (common/engine, kernels), and everything
@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OURS = ("bench", "common", "hypic", "kernels", "protos", "services", "tests")
 ENGINE = ("common/engine", "kernels")
 # What the mesh runtime may use of the engine: rules, not the model.
-ENGINE_RULES = ("common.engine.fingerprint", "common.engine.checksum", "common.engine.modes")
+ENGINE_RULES = ("common.engine.fingerprint", "common.engine.checksum", "common.engine.modes",
+                "common.engine.dtypes")
 NETWORKED = ("aiohttp", "ftplib", "grpc", "grpc_health", "grpc_tools", "http", "httpx", "lmdb", "nixl",
            "prometheus_client", "requests", "smtplib", "socket", "socketserver", "ssl", "urllib",
            "urllib3", "uvloop", "websockets", "xmlrpc", "zmq", "common.mesh", "services", "protos")

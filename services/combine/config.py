@@ -13,10 +13,10 @@ from typing import Optional
 
 from common.mesh.config import ServiceConfig
 from common.mesh.auth import write_token_field
+from common.engine.dtypes import check_dtype_name
 
 ENV_PREFIX = "HYPIC_COMBINE_"
 MiB = 1 << 20
-DTYPES = ("float32", "bfloat16", "float16")
 COMPOSE_ORDERS = ("auto", "segment")
 
 
@@ -82,8 +82,7 @@ class CombineConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
         if self.model is None:
             raise ValueError("--model (HYPIC_COMBINE_MODEL) is required")
         self.model = Path(self.model)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+        check_dtype_name(self.dtype)
         if self.compose_order not in COMPOSE_ORDERS:
             raise ValueError(f"compose_order (--compose-order, {ENV_PREFIX}COMPOSE_ORDER) must be "
                              f"one of {COMPOSE_ORDERS}, not {self.compose_order!r}")

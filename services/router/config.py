@@ -17,10 +17,10 @@ from typing import Optional
 from common.mesh.config import ServiceConfig
 from common.mesh.discovery import Target, parse_target
 from common.mesh.auth import api_key_field
+from common.engine.dtypes import check_dtype_name
 
 ENV_PREFIX = "HYPIC_ROUTER_"
 MiB = 1 << 20
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _h(text: str) -> dict:
@@ -91,8 +91,7 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
         self.check_server()
         self.model = Path(self.model)
         self.dtype = self.dtype.lower()
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        check_dtype_name(self.dtype)
         if self.seam < 0:
             raise ValueError("seam must be >= 0")
         self.segcache_address = (self.segcache_address or "").strip()

@@ -13,10 +13,10 @@ from typing import Optional
 
 from common.mesh.config import ServiceConfig
 from common.mesh.auth import write_token_field
+from common.engine.dtypes import check_dtype_name
 
 ENV_PREFIX = "HYPIC_SCATTER_"
 MiB = 1 << 20
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _h(text: str) -> dict:
@@ -62,8 +62,7 @@ class ScatterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, 
         if self.model is None:
             raise ValueError("--model (HYPIC_SCATTER_MODEL) is required")
         self.model = Path(self.model)
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+        check_dtype_name(self.dtype)
         if self.chunk_bytes <= 0:
             raise ValueError("chunk_bytes must be > 0")
         self.chunk_bytes = min(self.chunk_bytes, self.max_message_bytes - 4096)

@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import save as st_save
 
 from common.engine.checksum import DIGEST_BYTES, checksum
+from common.engine.dtypes import DTYPE_NAMES as SERVED_DTYPES, torch_dtype
 from common.engine.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
 from kernels.linear_attn import Summary, summary_form
 
@@ -39,8 +40,8 @@ MAGIC = b"HYPE"
 FORMAT_VERSION = 2  # 2: trailing common.engine.checksum digest, payload 8-aligned (version 1 still read)
 PAYLOAD_ALIGN = 8
 
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+DTYPE_NAMES = {torch_dtype(name): name for name in SERVED_DTYPES}  # torch dtype -> its name
+DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 class EntryError(ValueError):
