@@ -40,10 +40,7 @@ def attention_mixers(engine: HybridEngine) -> list[torch.nn.Module]:
 def keys_at(mixer: torch.nn.Module, x: torch.Tensor, start: int) -> torch.Tensor:
     """The mixer's keys for hidden states x [1, T, D] placed at positions start..start+T-1."""
     positions = torch.arange(start, start + x.shape[1])
-    try:
-        return mixer.qkv(x, positions)[1]
-    except TypeError:  # Kimi's MLA: no positions at all (no rope on its keys)
-        return mixer.qkv(x)[1]
+    return mixer.qkv(x, positions)[1]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -27,11 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.engine.layers.attention import attend
 from common.engine.layers.conv import causal_conv
+from common.engine.layers.mla import LatentAttention
 from common.engine.layers.mlp import GatedMLP
 from common.engine.layers.norm import RMSNorm
-from common.engine.models.base import ForwardContext, HybridLM
+from common.engine.models.base import HybridLM
 from common.engine.models.decoder import ChunkedLinearMixer, PreNormLayer, default_rotary, route_to_experts
 from common.engine.models.kimi_linear import KimiRouter, SigmoidGatedRMSNorm, l2norm
 
@@ -97,62 +97,6 @@ class BailingDeltaAttention(ChunkedLinearMixer):
         return self.dense(self.o_norm(o.to(dtype), out_gate).reshape(B, T, self.dim))
 
 
-def deinterleave(x: torch.Tensor) -> torch.Tensor:
-    """(x0, x1, x2, x3, ...) -> (x0, x2, ..., x1, x3, ...): interleaved-pair RoPE == rotate-half on this."""
-    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
-
-
-class BailingMLA(nn.Module):
-    """Multi-head latent attention with interleaved RoPE on the shared k_rot and a per-head gate."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.hidden = cfg.hidden_size
-        self.n_heads = cfg.num_attention_heads
-        self.kv_lora_rank = cfg.kv_lora_rank
-        self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        self.qk_dim = self.nope + self.rope
-        bias = bool(getattr(cfg, "attention_bias", False))
-        self.q_proj = nn.Linear(self.hidden, self.n_heads * self.qk_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(self.hidden, self.kv_lora_rank + self.rope, bias=bias)
-        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)  # transformers: default eps
-        self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.n_heads * (self.nope + self.v_dim), bias=False)
-        self.dense = nn.Linear(self.n_heads * self.v_dim, self.hidden, bias=bias)
-        self.g_proj = nn.Linear(self.hidden, self.n_heads, bias=False)
-        self.rotary = default_rotary(cfg, self.rope, "bailing_hybrid")
-        self.scale = self.qk_dim**-0.5
-
-    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.rotary.cos_sin(positions, x.dtype)
-        return self.rotary.apply(deinterleave(x), cos, sin)
-
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """q, k [B,H,T,nope+rope] (rope part rotated, de-interleaved), v [B,H,T,v_dim]."""
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.qk_dim).transpose(1, 2)
-        q_nope, q_rot = torch.split(q, [self.nope, self.rope], dim=-1)
-        latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [self.kv_lora_rank, self.rope], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(B, T, self.n_heads, self.nope + self.v_dim)
-        k_nope, v = torch.split(kv.transpose(1, 2), [self.nope, self.v_dim], dim=-1)
-        k_rot = self._rotate(k_rot.view(B, 1, T, self.rope), positions).expand(B, self.n_heads, T, self.rope)
-        q = torch.cat([q_nope, self._rotate(q_rot, positions)], dim=-1)
-        return q, torch.cat([k_nope, k_rot], dim=-1), v.contiguous()
-
-    def rerotate(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
-        """Keys stored at positions p -> at p + delta: only the (de-interleaved) rope channels turn."""
-        if delta == 0:
-            return keys
-        k_nope, k_rot = torch.split(keys, [self.nope, self.rope], dim=-1)
-        return torch.cat([k_nope, self.rotary.rerotate(k_rot, delta)], dim=-1)
-
-    def forward(self, x, state, ctx: ForwardContext):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x, ctx.positions)
-        o, new_state = attend(q, k, v, state, self.scale, ctx)  # o [B,T,H,v_dim]
-        gate = torch.sigmoid(self.g_proj(x).float()).to(x.dtype)
-        return self.dense((o * gate.unsqueeze(-1)).reshape(B, T, -1)), new_state
-
-
 class BailingMoE(nn.Module):
     """Sigmoid router with a score-correction bias (checkpoint: gate.expert_bias) and grouped top-k
     (common.engine.models.kimi_linear.KimiRouter), SwiGLU experts and shared experts."""
@@ -179,7 +123,9 @@ class BailingLayer(PreNormLayer):
     def __init__(self, cfg, idx: int):
         super().__init__()
         self.kind = "attention" if cfg.layer_types[idx] == "full_attention" else "linear"
-        self.attention = BailingMLA(cfg) if self.kind == "attention" else BailingDeltaAttention(cfg)
+        self.attention = (LatentAttention(cfg, default_rotary(cfg, cfg.qk_rope_head_dim, "bailing_hybrid"),
+                                          output_gate=True, out_proj="dense")
+                          if self.kind == "attention" else BailingDeltaAttention(cfg))
         sparse = cfg.mlp_layer_types[idx] == "sparse"
         self.mlp = BailingMoE(cfg) if sparse else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

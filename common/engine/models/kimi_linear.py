@@ -14,12 +14,9 @@ a per-channel log-decay g [B,T,H,K] = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bi
 sigmoid(b_proj(x)), scale = head_dim^-0.5. The output goes through an RMSNorm gated by a *sigmoid*
 (not SiLU) of g_b(g_a(x)).
 
-MLA: keys = [kv_b(norm(latent))_nope, k_rot shared over heads] where k_rot is the raw projection
-(no rotary is applied), values = kv_b(...)_v; scale = (nope + rope)^-0.5. The layer state (and so
-a PIC entry) keeps what the model's own KV cache holds: the normed latent c and k_rot, one shared
-"head" [B,1,T,kv_lora_rank+rope], and zero-width values (the values ARE the latent: the first
-kv_lora_rank key channels, `latent_values`). Attention runs with the up-projection absorbed:
-q_lat = W_uk^T q_nope per head, scores = [q_lat; q_rot] . [c; k_rot], o = W_uv (softmax . c).
+MLA (common.engine.layers.mla.LatentAttention, the one bailing_hybrid uses too): no rotary (k_rot
+is the raw projection), optional q LoRA, no output gate, output projection `o_proj`; the layer state
+(and so a PIC entry) keeps what the model's own KV cache holds, the normed latent c and k_rot.
 """
 from __future__ import annotations
 
@@ -27,13 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.engine.layers.attention import append_kv, attend, causal_attention
 from common.engine.layers.conv import causal_conv
+from common.engine.layers.mla import LatentAttention
 from common.engine.layers.mlp import GatedMLP, activation
 from common.engine.layers.norm import RMSNorm
-from common.engine.models.base import ForwardContext, HybridLM
+from common.engine.models.base import HybridLM
 from common.engine.models.decoder import ChunkedLinearMixer, PreNormLayer, route_to_experts
-from common.engine.state import AttentionLayerState
 from kernels.linear_attn import operand_dtype
 
 
@@ -135,76 +131,6 @@ class KimiDeltaAttention(ChunkedLinearMixer):
         return self.o_proj(o.reshape(B, T, self.dim))
 
 
-class MLAttention(nn.Module):
-    """Multi-head latent attention (DeepSeek-V2 layout) with no rotary on the shared k_rot part."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.hidden = cfg.hidden_size
-        self.n_heads = cfg.num_attention_heads
-        self.q_lora_rank = cfg.q_lora_rank
-        self.kv_lora_rank = cfg.kv_lora_rank
-        self.nope, self.rope, self.v_dim = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-        self.qk_dim = self.nope + self.rope
-        bias = bool(getattr(cfg, "attention_bias", False))
-        if self.q_lora_rank is None:
-            self.q_proj = nn.Linear(self.hidden, self.n_heads * self.qk_dim, bias=False)
-        else:
-            self.q_a_proj = nn.Linear(self.hidden, self.q_lora_rank, bias=bias)
-            self.q_a_layernorm = RMSNorm(self.q_lora_rank, 1e-6)  # transformers: default eps
-            self.q_b_proj = nn.Linear(self.q_lora_rank, self.n_heads * self.qk_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(self.hidden, self.kv_lora_rank + self.rope, bias=bias)
-        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)  # transformers: default eps
-        self.kv_b_proj = nn.Linear(self.kv_lora_rank, self.n_heads * (self.nope + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.v_dim, self.hidden, bias=bias)
-        self.scale = self.qk_dim**-0.5
-
-    @property
-    def latent_values(self) -> int:
-        """The values are the first kv_lora_rank channels of the cached keys (stored once)."""
-        return self.kv_lora_rank
-
-    def _up_weights(self):
-        """kv_b_proj split per head: W_uk [H, nope, r], W_uv [H, v_dim, r]."""
-        w = self.kv_b_proj.weight.view(self.n_heads, self.nope + self.v_dim, self.kv_lora_rank)
-        return w[:, : self.nope], w[:, self.nope :]
-
-    def qkv(self, x: torch.Tensor):
-        """Absorbed query q [B,H,T,r+rope]; the latent key [B,1,T,r+rope] = [norm(c); k_rot]; zero-width
-        values [B,1,T,0] (the values are the keys' first r channels)."""
-        B, T, _ = x.shape
-        if self.q_lora_rank is None:
-            q = self.q_proj(x)
-        else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q_nope, q_rot = torch.split(q.view(B, T, self.n_heads, self.qk_dim).transpose(1, 2),
-                                    [self.nope, self.rope], dim=-1)
-        w_uk, _ = self._up_weights()
-        q_lat = torch.matmul(q_nope, w_uk)  # [B,H,T,r]: q_nope . (W_uk c) == (W_uk^T q_nope) . c
-        latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [self.kv_lora_rank, self.rope], dim=-1)
-        k = torch.cat([self.kv_a_layernorm(latent), k_rot], dim=-1).unsqueeze(1)
-        return torch.cat([q_lat, q_rot], dim=-1), k, k.new_zeros(B, 1, T, 0)
-
-    def expand_values(self, keys: torch.Tensor) -> torch.Tensor:
-        return keys[..., : self.kv_lora_rank]
-
-    def rerotate(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
-        """Kimi's MLA has no rotary: cached keys hold at any position as they are."""
-        return keys
-
-    def forward(self, x, state: AttentionLayerState | None, ctx: ForwardContext):
-        B, T, _ = x.shape
-        q, k, v = self.qkv(x)
-        if ctx is not None and ctx.plan is not None:
-            o, new_state = attend(q, k, v, state, self.scale, ctx)  # the plan reads latent_values
-        else:
-            new_state = append_kv(state, k, v)
-            o = causal_attention(q, new_state.keys, self.expand_values(new_state.keys), self.scale)
-        _, w_uv = self._up_weights()
-        o = torch.matmul(o.transpose(1, 2), w_uv.transpose(1, 2))  # [B,H,T,r] -> [B,H,T,v_dim]
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, -1)), new_state
-
-
 class KimiExpert(nn.Module):
     """One routed expert: w2(act(w1 x) * w3 x) (checkpoint names experts.{e}.w1/w2/w3)."""
 
@@ -278,7 +204,7 @@ class DecoderLayer(PreNormLayer):  # both mixers live under self_attn (the check
     def __init__(self, cfg, idx: int):
         super().__init__()
         self.kind = "attention" if cfg.layer_types[idx] == "full_attention" else "linear"
-        self.self_attn = MLAttention(cfg) if self.kind == "attention" else KimiDeltaAttention(cfg)
+        self.self_attn = LatentAttention(cfg) if self.kind == "attention" else KimiDeltaAttention(cfg)
         mlp_types = getattr(cfg, "mlp_layer_types", None)
         self.sparse = bool(mlp_types) and mlp_types[idx] == "sparse"
         self.mlp = KimiSparseMoe(cfg) if self.sparse else GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
