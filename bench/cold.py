@@ -243,7 +243,7 @@ def measure(model: Path, tokens: int, seed: int, ms: Sequence[int], seam: int, o
 
     from bench.workloads import skewed_lengths
     from common.engine.hybrid_engine import HybridEngine
-    from common.engine.pic.reuse import build_entry
+    from common.engine.pic.build import build_entry
 
     torch.set_num_threads(1)
     engine = HybridEngine.from_pretrained(model)

@@ -174,7 +174,8 @@ def model_level(a) -> list[dict]:
 
     from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model
     from common.engine.hybrid_engine import HybridEngine
-    from common.engine.pic.reuse import build_entry, build_entry_reference
+    from common.engine.pic.build import build_entry
+    from common.engine.pic.reference import build_entry_reference
 
     models = [(a.model, Path(a.model).name)] if a.model else []
     tmp = tempfile.TemporaryDirectory()

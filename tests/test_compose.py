@@ -215,9 +215,10 @@ def test_composition_backend_is_chosen_in_one_place():
 def test_pic_composes_through_the_chooser(fresh_seed):
     """common.engine.pic composes with compose_summary (the chooser's one-segment form), which on CPU is
     the same arithmetic as kernels.linear_attn.compose, bit for bit."""
-    import common.engine.pic.reuse as reuse
+    import common.engine.pic.apply as apply
+    import common.engine.pic.seam_plan as seam_plan
 
-    assert reuse.compose is compose_summary
+    assert apply.compose is compose_summary and seam_plan.compose is compose_summary
     gen = torch.Generator().manual_seed(fresh_seed)
     B, H, K, V = 1, 3, 8, 12
     for T in (torch.rand(B, H, generator=gen), torch.rand(B, H, K, generator=gen),

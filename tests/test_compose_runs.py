@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from common.engine.hybrid_engine import HybridEngine
-from common.engine.pic.reuse import ARENAS, build_entry, compose_run, prefill_segment_major, without_arenas
+from common.engine.pic.build import build_entry
+from common.engine.pic.reuse import compose_run, prefill_segment_major
+from common.engine.pic.seam_plan import ARENAS, without_arenas
 from common.engine.pic.runs import arrived_run, runs_as_arriving
 from common.engine.state import AttentionLayerState, LinearLayerState
 from tiny import PIC_CONFIGS, save_tiny

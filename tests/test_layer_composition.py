@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from common.engine.hybrid_engine import HybridEngine
-from common.engine.pic.reuse import _linear_body, run_warmup
+from common.engine.pic.apply import run_warmup
+from common.engine.pic.reference import linear_body_reference
 from kernels.linear_attn import compose, linear_attention
 from tiny import PIC_CONFIGS, save_tiny
 
@@ -42,7 +43,7 @@ def test_composed_state_equals_full_run(mixer, lengths, fresh_seed):
 
     S, conv = None, None
     for x in xs:
-        body = _linear_body(mixer, x, x.shape[1], w=0)  # whole segment cached, as if it began the prompt
+        body = linear_body_reference(mixer, x, x.shape[1], w=0)  # whole segment cached, as if it began the prompt
         if S is None:
             S = torch.zeros_like(body.S)
             conv = torch.zeros(1, mixer.conv_inputs(x).shape[-1], mixer.conv_kernel - 1)
@@ -58,7 +59,7 @@ def test_composed_state_equals_full_run(mixer, lengths, fresh_seed):
     # without the conv warm-up patch the composed state is measurably wrong
     S_nopatch = None
     for x in xs:
-        body = _linear_body(mixer, x, x.shape[1], w=0)
+        body = linear_body_reference(mixer, x, x.shape[1], w=0)
         S0 = torch.zeros_like(body.S) if S_nopatch is None else S_nopatch
         S_zero_conv = run_warmup(mixer, body, S0, torch.zeros(1, conv.shape[1], mixer.conv_kernel - 1))
         S_nopatch = compose(body.summary, S_zero_conv)

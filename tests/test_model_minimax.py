@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.engine.pic.reuse import _linear_body, run_warmup
+from common.engine.pic.apply import run_warmup
+from common.engine.pic.reference import linear_body_reference
 from hf_parity import PARITY_CHECKS, build_case, check_bf16, check_loading_error
 from tiny import save_tiny
 from kernels.linear_attn import compose, linear_attention, naive_retnet
@@ -83,7 +84,7 @@ def test_lightning_composition(case, lengths, fresh_seed):
     _, S_full = linear_attention(mixer.family, q, k, v, g=gate, scale=mixer.scale)
     S, S_naive = None, None
     for x in xs:
-        body = _linear_body(mixer, x, x.shape[1], w=0)
+        body = linear_body_reference(mixer, x, x.shape[1], w=0)
         assert body.form == "scalar" and body.conv_tail is None and body.warmup_inputs is None
         S = compose(body.summary, run_warmup(mixer, body, torch.zeros_like(body.S) if S is None else S, None))
         S_naive = body.S if S_naive is None else S_naive + body.S

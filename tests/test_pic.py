@@ -163,7 +163,7 @@ def test_fused_build_equals_the_reference_build(engine, fresh_seed, length, seam
     """build_entry (T from the forward's own fused kernel) against build_entry_reference (plain
     forward, then features and summary again): same tensors up to float32 round-off (the fused
     kernel orders the sums differently, and S(C|0) is recovered as end - T . start)."""
-    from common.engine.pic.reuse import build_entry_reference
+    from common.engine.pic.reference import build_entry_reference
 
     segs, _ = random_prompt(engine, fresh_seed, (length,))
     got, ref = engine.build_entry(segs[0], seam).__dict__, build_entry_reference(engine, segs[0], seam).__dict__

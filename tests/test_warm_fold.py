@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from common.engine.hybrid_engine import HybridEngine
-from common.engine.pic.reuse import (ARENAS, build_entry, compose_and_query, compose_run, prefill_segment_major,
-                              query_after_compose, without_arenas)
+from common.engine.pic.build import build_entry
+from common.engine.pic.reuse import (compose_and_query, compose_run, prefill_segment_major, query_after_compose,
+                                     without_arenas)
+from common.engine.pic.seam_plan import ARENAS
 from test_compose_runs import rel, state_rel
 from tiny import PIC_CONFIGS, save_tiny
 

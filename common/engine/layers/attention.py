@@ -32,7 +32,7 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 
 # The CPU flash kernel returns the log-sum-exp beside the output, which lets attention calls over
-# disjoint key ranges be merged exactly (`flash_block` + `merge_blocks`; common.engine.pic.reuse's seam
+# disjoint key ranges be merged exactly (`flash_block` + `merge_blocks`; common.engine.pic.seam_plan's seam
 # attention is built from the same two). (A [Tq, Tk] boolean mask would become a float mask inside
 # SDPA, cost ~20% at 2x2048 and stop the kernel from skipping masked blocks.)
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)

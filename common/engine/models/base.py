@@ -15,7 +15,7 @@ from common.engine.state import AttentionLayerState, LinearLayerState, ModelStat
 
 
 class LayerPlan(Protocol):
-    """A forward pass that takes token mixing over (common.engine.pic.reuse.SeamPlan: all seams of all
+    """A forward pass that takes token mixing over (common.engine.pic.seam_plan.SeamPlan: all seams of all
     segments through one layer at once, between cached segment bodies)."""
 
     def run_linear(self, mixer: nn.Module, x: torch.Tensor,
@@ -38,7 +38,7 @@ class ForwardContext:
     # and lays out attention keys around cached segment bodies (see common.engine.layers.attention.attend).
     plan: LayerPlan | None = None
     # Called with each layer's index before the layer runs; it may raise to abandon the pass
-    # (common.engine.pic.reuse.build_entry: a build nobody waits for any more stops between layers).
+    # (common.engine.pic.build.build_entry: a build nobody waits for any more stops between layers).
     before_layer: Callable[[int], None] | None = None
 
     def mix(self, mixer, x, state):

@@ -16,8 +16,8 @@ from common.engine.pic.entry import (
 )
 from common.engine.pic.prefix import PrefixCache, chain_keys, forward_segments
 from common.engine.pic.protocol import PicEngine
-from common.engine.pic.reuse import (BuildCancelled, build_entry, compose_run, compose_segment, prefill_layer_major,
-                              prefill_segment_major)
+from common.engine.pic.build import BuildCancelled, build_entry
+from common.engine.pic.reuse import compose_run, compose_segment, prefill_layer_major, prefill_segment_major
 from common.engine.state import ModelState, PrefillOutput
 
 __all__ = [

@@ -32,16 +32,13 @@ import torch
 from safetensors.torch import save as st_save
 
 from common.engine.checksum import DIGEST_BYTES, checksum
-from common.engine.dtypes import DTYPE_NAMES as SERVED_DTYPES, torch_dtype
+from common.engine.dtypes import dtype_name
 from common.engine.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
 from kernels.linear_attn import Summary, summary_form
 
 MAGIC = b"HYPE"
 FORMAT_VERSION = 2  # 2: trailing common.engine.checksum digest, payload 8-aligned (version 1 still read)
 PAYLOAD_ALIGN = 8
-
-DTYPE_NAMES = {torch_dtype(name): name for name in SERVED_DTYPES}  # torch dtype -> its name
-DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 class EntryError(ValueError):
@@ -50,10 +47,6 @@ class EntryError(ValueError):
 
 class EntryMismatch(EntryError):
     """A sound entry that does not fit the request (model, tokens, seam, dtype or layer layout)."""
-
-
-def dtype_name(dtype: torch.dtype | str) -> str:
-    return dtype if isinstance(dtype, str) else DTYPE_NAMES[dtype]
 
 
 def body_kind(body: "LinearBody | AttentionBody | None") -> str:
