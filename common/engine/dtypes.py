@@ -24,7 +24,12 @@ def torch_dtype(name: str) -> Any:
     return getattr(torch, check_dtype_name(name))
 
 
+def name_of(dtype: Any) -> str:
+    """'float32' for "float32" or torch.float32, unchecked (a content address may name any dtype:
+    common.engine.fingerprint.segment_key of a forged header must give a key, not raise)."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
 def dtype_name(dtype: Any) -> str:
-    """The name of a served torch dtype; ValueError for any other."""
-    name = str(dtype).removeprefix("torch.")
-    return check_dtype_name(name)
+    """The name of a served dtype given as a torch dtype or its name; ValueError for any other."""
+    return check_dtype_name(name_of(dtype))

@@ -13,6 +13,8 @@ import struct
 from pathlib import Path
 from typing import Any, Sequence
 
+from common.engine.dtypes import name_of
+
 
 def model_fingerprint(path: str | Path) -> str:
     """Identifies the weights (config + safetensors bytes), stable across processes and machines.
@@ -39,17 +41,10 @@ def model_fingerprint(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def dtype_name(dtype: Any) -> str:
-    """'float32' for "float32" or torch.float32 (without importing torch)."""
-    if isinstance(dtype, str):
-        return dtype
-    return str(dtype).removeprefix("torch.")
-
-
 def segment_key(model_fingerprint: str, seam: int, dtype: Any, token_ids: Sequence[int]) -> str:
     """Content address of a segment entry: the same everywhere (never Python's hash())."""
     h = hashlib.blake2b(digest_size=20, person=b"hypic-seg-v1")
-    h.update(model_fingerprint.encode() + b"\0" + dtype_name(dtype).encode() + b"\0")
+    h.update(model_fingerprint.encode() + b"\0" + name_of(dtype).encode() + b"\0")
     h.update(struct.pack("<iI", int(seam), len(token_ids)))
     h.update(struct.pack(f"<{len(token_ids)}I", *[int(t) for t in token_ids]))
     return h.hexdigest()

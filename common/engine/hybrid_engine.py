@@ -13,12 +13,13 @@ from typing import Callable, Sequence
 
 import torch
 
+from common.engine.dtypes import torch_dtype
 from common.engine.fingerprint import model_fingerprint
 from common.engine.loader import CheckpointReader, load_weights
 from common.engine.models import TEXT_SUBCONFIG, UnsupportedArchitecture, model_class
 from common.engine.models.base import HybridLM
 from common.engine.pic import build_entry, prefill_segments
-from common.engine.pic.entry import DTYPES, SegmentEntry, entry_layout
+from common.engine.pic.entry import SegmentEntry, entry_layout
 from common.engine.pic.prefix import PrefixCache
 from common.engine.sampling import top_p_filter
 from common.engine.state import ModelState, PrefillOutput
@@ -89,7 +90,7 @@ class HybridEngine:
         tokenizer (the router tokenizes)."""
         if threads:
             torch.set_num_threads(threads)
-        return cls.from_pretrained(path, dtype=DTYPES[dtype], device=device, load_tokenizer=False)
+        return cls.from_pretrained(path, dtype=torch_dtype(dtype), device=device, load_tokenizer=False)
 
     # -- core --------------------------------------------------------------------------------
     def new_state(self) -> ModelState:
