@@ -19,6 +19,7 @@ exp(sum g), computed in torch beside the kernel. fla has no kernel that returns 
 """
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import torch
@@ -107,32 +108,20 @@ def _state(S: torch.Tensor | None) -> torch.Tensor | None:
     return None if S is None else S.float().contiguous()
 
 
-def _chunk_fn(family):
-    if family in ("retnet", "mamba2"):
-        from fla.ops.simple_gla import chunk_simple_gla as fn
-    elif family == "gla":
-        from fla.ops.gla import chunk_gla as fn
-    elif family == "deltanet":
-        from fla.ops.delta_rule import chunk_delta_rule as fn
-    elif family == "gated_deltanet":
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fn
-    else:
-        from fla.ops.kda import chunk_kda as fn
-    return fn
+# family -> (fla module, its chunked op, its fused recurrent op); imported when first called
+_FLA_OPS = {
+    "retnet": ("fla.ops.simple_gla", "chunk_simple_gla", "fused_recurrent_simple_gla"),
+    "mamba2": ("fla.ops.simple_gla", "chunk_simple_gla", "fused_recurrent_simple_gla"),
+    "gla": ("fla.ops.gla", "chunk_gla", "fused_recurrent_gla"),
+    "deltanet": ("fla.ops.delta_rule", "chunk_delta_rule", "fused_recurrent_delta_rule"),
+    "gated_deltanet": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"),
+    "kda": ("fla.ops.kda", "chunk_kda", "fused_recurrent_kda"),
+}
 
 
-def _recurrent_fn(family):
-    if family in ("retnet", "mamba2"):
-        from fla.ops.simple_gla import fused_recurrent_simple_gla as fn
-    elif family == "gla":
-        from fla.ops.gla import fused_recurrent_gla as fn
-    elif family == "deltanet":
-        from fla.ops.delta_rule import fused_recurrent_delta_rule as fn
-    elif family == "gated_deltanet":
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fn
-    else:
-        from fla.ops.kda import fused_recurrent_kda as fn
-    return fn
+def _fla_op(family: str, recurrent: bool):
+    module, chunked_name, recurrent_name = _FLA_OPS[family]
+    return getattr(importlib.import_module(module), recurrent_name if recurrent else chunked_name)
 
 
 def _call(fn, family, q, k, v, g, beta, S0, scale):
@@ -156,7 +145,7 @@ def _call(fn, family, q, k, v, g, beta, S0, scale):
 def fla_chunk(family, q, k, v, g, beta, initial_state, scale):
     """Prefill through fla's chunk kernel: (o [B,T,HV,V] in v's dtype, final state fp32)."""
     q, k, v, g, beta = _operands(family, q, k, v, g, beta)
-    return _call(_chunk_fn(family), family, q, k, v, g, beta, _state(initial_state), scale)
+    return _call(_fla_op(family, recurrent=False), family, q, k, v, g, beta, _state(initial_state), scale)
 
 
 def fla_recurrent_step(family, q, k, v, g, beta, state, scale):
@@ -168,7 +157,7 @@ def fla_recurrent_step(family, q, k, v, g, beta, state, scale):
         beta = beta.unsqueeze(1)
     q, k, v, g, beta = _operands(family, q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g, beta)
     # fla 0.6's fused recurrent kernels write a fresh final state (the interpreter test checks)
-    o, S = _call(_recurrent_fn(family), family, q, k, v, g, beta, _state(state), scale)
+    o, S = _call(_fla_op(family, recurrent=True), family, q, k, v, g, beta, _state(state), scale)
     return o[:, 0], S
 
 

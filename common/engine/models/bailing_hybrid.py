@@ -6,20 +6,19 @@ plain (Llama) RMSNorms. Checkpoint names (transformers' save_pretrained and the 
 model.word_embeddings, model.layers.{i}.attention.* (both mixers; the output projection is `dense`),
 model.layers.{i}.mlp.*, MoE router gate.weight and gate.expert_bias, experts.{e}.{gate,up,down}_proj.
 
-KDA (kernels.linear_attn family "kda"): q, k, v = silu(conv(q|k|v proj(x))) with q, k
-L2-normalised (fp32), beta = sigmoid(b_proj(x)), scale = head_dim^-0.5, and a per-channel forget gate
+KDA (kernels.linear_attn family "kda", the mixer common.engine.models.kimi_linear.KDAMixer): q, k,
+v = silu(conv(q|k|v proj(x))) with q, k L2-normalised (fp32), beta = sigmoid(b_proj(x)), scale =
+head_dim^-0.5, and a per-channel forget gate
 
     u = f_proj(x) + dt_bias            g = lower_bound * sigmoid(exp(A_log) * u)   (kda_safe_gate)
                                        g = -exp(A_log) * softplus(u)               (otherwise)
 
-(rounded to the model dtype, as transformers does); output o_proj(RMSNorm(o) * sigmoid(g_proj(x))).
+(rounded to the model dtype, as transformers does); output dense(RMSNorm(o) * sigmoid(g_proj(x))).
 
-MLA: keys = [kv_b(norm(latent))_nope, rope(k_rot) shared over heads], values = kv_b(...)_v,
-q = [q_nope, rope(q_rot)] from one q_proj (no q LoRA), scale (nope + rope)^-0.5, and a sigmoid
-output gate per head, g_proj(x). RoPE is DeepSeek's interleaved-pair form, which equals the
-rotate-half form on the de-interleaved channels (evens then odds) — what transformers computes, so
-keys are stored with their rope part in that layout; re-rotation acts on those last `rope` channels.
-The layer state keeps the up-projected keys [B,H,T,nope+rope] and values [B,H,T,v_head_dim].
+MLA (common.engine.layers.mla.LatentAttention, the one Kimi-Linear uses too): one q_proj (no q
+LoRA), DeepSeek's interleaved-pair RoPE on the shared k_rot and on q_rot, a sigmoid output gate per
+head (g_proj), output projection `dense`; the layer state (and a PIC entry) keeps the latents
+[B,1,T,kv_lora_rank+rope], as the model's own KV cache would.
 """
 from __future__ import annotations
 
@@ -27,50 +26,25 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from common.engine.layers.conv import causal_conv
 from common.engine.layers.mla import LatentAttention
 from common.engine.layers.mlp import GatedMLP
 from common.engine.layers.norm import RMSNorm
 from common.engine.models.base import HybridLM
-from common.engine.models.decoder import ChunkedLinearMixer, PreNormLayer, default_rotary, route_to_experts
-from common.engine.models.kimi_linear import KimiRouter, SigmoidGatedRMSNorm, l2norm
+from common.engine.models.decoder import PreNormLayer, default_rotary, route_to_experts
+from common.engine.models.kimi_linear import KDAMixer, KimiRouter
 
 
-class BailingDeltaAttention(ChunkedLinearMixer):
-    """KDA mixer of Ring / Ling 2.5."""
-
-    family = "kda"
+class BailingDeltaAttention(KDAMixer):
+    """KDA mixer of Ring / Ling 2.5: full-rank forget and output gates (f_proj, g_proj), the
+    forget gate optionally bounded (kda_safe_gate), output `dense`."""
 
     def __init__(self, cfg):
-        super().__init__()
-        self.hidden = cfg.hidden_size
-        self.n_heads, self.head_dim = cfg.linear_num_heads, cfg.linear_head_dim
-        self.dim = d = self.n_heads * self.head_dim
-        self.kernel = self.conv_kernel = cfg.linear_conv_kernel_dim
-        if cfg.hidden_act not in ("silu", "swish"):
-            raise ValueError(f"bailing_hybrid: unsupported KDA conv activation {cfg.hidden_act!r}")
+        super().__init__(cfg, "bailing_hybrid", out_proj="dense")
         self.safe_gate, self.lower_bound = bool(cfg.kda_safe_gate), float(cfg.kda_lower_bound)
-        self.q_proj = nn.Linear(self.hidden, d, bias=False)
-        self.k_proj = nn.Linear(self.hidden, d, bias=False)
-        self.v_proj = nn.Linear(self.hidden, d, bias=False)
-        self.q_conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=False)
-        self.k_conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=False)
-        self.v_conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=False)
-        self.f_proj = nn.Linear(self.hidden, d, bias=False)
+        self.f_proj = nn.Linear(self.hidden, self.dim, bias=False)
         self.A_log = nn.Parameter(torch.empty(self.n_heads))
-        self.dt_bias = nn.Parameter(torch.empty(d))
-        self.b_proj = nn.Linear(self.hidden, self.n_heads, bias=False)
-        self.g_proj = nn.Linear(self.hidden, d, bias=False)
-        self.o_norm = SigmoidGatedRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
-        self.dense = nn.Linear(d, self.hidden, bias=False)
-        self.scale = self.head_dim**-0.5
-
-    def conv_inputs(self, x: torch.Tensor) -> torch.Tensor:
-        """The channels that enter the short convs (q|k|v), [B, T, 3*dim]."""
-        return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-
-    def conv_weight(self) -> torch.Tensor:
-        return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], 0).squeeze(1)
+        self.dt_bias = nn.Parameter(torch.empty(self.dim))
+        self.g_proj = nn.Linear(self.hidden, self.dim, bias=False)
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """Per-channel log-decay g [B,T,H,K] (fp32 values of the model dtype, in (lower_bound, 0))."""
@@ -81,20 +55,8 @@ class BailingDeltaAttention(ChunkedLinearMixer):
         g = self.lower_bound * torch.sigmoid(rate * u) if self.safe_gate else -rate * F.softplus(u)
         return g.to(x.dtype).float()
 
-    def features(self, x: torch.Tensor, conv_tail: torch.Tensor | None):
-        """(q, k [B,T,H,K] fp32, v [B,T,H,V], g [B,T,H,K] fp32, beta [B,T,H] fp32, out gate, tail)."""
-        B, T, _ = x.shape
-        mixed, tail = causal_conv(self.conv_inputs(x).transpose(1, 2), self.conv_weight(), None, conv_tail)
-        q, k, v = torch.split(mixed.transpose(1, 2), [self.dim] * 3, dim=-1)
-        shape = (B, T, self.n_heads, self.head_dim)
-        q = l2norm(q.reshape(shape).float())
-        k = l2norm(k.reshape(shape).float())
-        beta = torch.sigmoid(self.b_proj(x)).float()
-        return q, k, v.reshape(shape), self.gate(x), beta, self.g_proj(x).view(shape), tail
-
-    def output(self, o: torch.Tensor, out_gate: torch.Tensor, dtype) -> torch.Tensor:
-        B, T = o.shape[:2]
-        return self.dense(self.o_norm(o.to(dtype), out_gate).reshape(B, T, self.dim))
+    def out_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return self.g_proj(x)
 
 
 class BailingMoE(nn.Module):

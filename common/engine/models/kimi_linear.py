@@ -54,52 +54,46 @@ class SigmoidGatedRMSNorm(nn.Module):
         return (h * torch.sigmoid(gate.float())).to(dtype)
 
 
-class KimiDeltaAttention(ChunkedLinearMixer):
-    """KDA mixer. The recurrence runs in kernels.linear_attn ("kda")."""
+class KDAMixer(ChunkedLinearMixer):
+    """The KDA mixer Kimi-Linear and bailing_hybrid share: q|k|v projections through separate
+    depthwise short convs (the checkpoints' layout; run as one conv over q|k|v) with SiLU, q and k
+    L2-normalised in fp32, beta = sigmoid(b_proj(x)), scale = head_dim^-0.5, the output through
+    an RMSNorm gated by a sigmoid of the output gate. A model's subclass gives the forget gate
+    `gate(x)`, the output gate `out_gate(x)` and the output projection's checkpoint name."""
 
     family = "kda"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, arch: str, out_proj: str):
         super().__init__()
         self.hidden = cfg.hidden_size
         self.n_heads, self.head_dim = cfg.linear_num_heads, cfg.linear_head_dim
-        self.dim = self.n_heads * self.head_dim
+        self.dim = d = self.n_heads * self.head_dim
         self.kernel = self.conv_kernel = cfg.linear_conv_kernel_dim
         if cfg.hidden_act not in ("silu", "swish"):
-            raise ValueError(f"kimi_linear: unsupported KDA conv activation {cfg.hidden_act!r}")
-        d, hd = self.dim, self.head_dim
+            raise ValueError(f"{arch}: unsupported KDA conv activation {cfg.hidden_act!r}")
         self.q_proj = nn.Linear(self.hidden, d, bias=False)
         self.k_proj = nn.Linear(self.hidden, d, bias=False)
         self.v_proj = nn.Linear(self.hidden, d, bias=False)
-        # Depthwise short convs, one per stream (the checkpoint's layout); run as one conv over q|k|v.
         self.q_conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=False)
         self.k_conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=False)
         self.v_conv1d = nn.Conv1d(d, d, self.kernel, groups=d, bias=False)
-        # Forget gate (per channel) and input gate (per head).
-        self.f_a_proj = nn.Linear(self.hidden, hd, bias=False)
-        self.f_b_proj = nn.Linear(hd, d, bias=False)
-        self.dt_bias = nn.Parameter(torch.empty(d))
-        self.A_log = nn.Parameter(torch.empty(1, 1, self.n_heads, 1))
         self.b_proj = nn.Linear(self.hidden, self.n_heads, bias=False)
-        # Output gate, norm, projection.
-        self.g_a_proj = nn.Linear(self.hidden, hd, bias=False)
-        self.g_b_proj = nn.Linear(hd, d, bias=False)
-        self.o_norm = SigmoidGatedRMSNorm(hd, eps=cfg.rms_norm_eps)
-        self.o_proj = nn.Linear(d, self.hidden, bias=False)
-        self.scale = hd**-0.5
+        self.o_norm = SigmoidGatedRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.out_proj_name = out_proj  # the parameter's name is the checkpoint's
+        setattr(self, out_proj, nn.Linear(d, self.hidden, bias=False))
+        self.scale = self.head_dim**-0.5
+
+    def gate(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-channel log-decay g [B,T,H,K] (fp32, <= 0)."""
+        raise NotImplementedError
+
+    def out_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """The output norm's gate [B,T,dim] (model dtype)."""
+        raise NotImplementedError
 
     def conv_weight(self) -> torch.Tensor:
         """[3*dim, kernel]: the q, k, v short-conv weights stacked (channel order q|k|v)."""
         return torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight], 0).squeeze(1)
-
-    def gate(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-channel log-decay g [B,T,H,K] (fp32, <= 0)."""
-        B, T, _ = x.shape
-        g = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
-        g = g.view(B, T, self.n_heads, self.head_dim)
-        # transformers' softplus: identity above 20, log(1 + exp(g)) below.
-        sp = torch.where(g > 20.0, g, torch.log(1.0 + torch.exp(g)))
-        return -self.A_log.float().exp() * sp
 
     def conv_inputs(self, x: torch.Tensor) -> torch.Tensor:
         """The channels that enter the short convs (q|k|v), [B, T, 3*dim]."""
@@ -108,27 +102,49 @@ class KimiDeltaAttention(ChunkedLinearMixer):
     def features(self, x: torch.Tensor, conv_tail: torch.Tensor | None):
         """Everything before the recurrence: (q, k, v, g, beta, out_gate, new conv tail).
 
-        q, k [B,T,H,K] L2-normalised in fp32, in the kernels' operand dtype; v [B,T,H,V] (model dtype); g [B,T,H,K] fp32 log-decay;
-        beta [B,T,H] fp32; out_gate [B,T,H,V] (model dtype); tail [B, 3*dim, kernel-1].
+        q, k [B,T,H,K] L2-normalised in fp32, in the kernels' operand dtype; v [B,T,H,V] (model
+        dtype); g [B,T,H,K] fp32 log-decay; beta [B,T,H] fp32; out_gate [B,T,H,V] (model dtype);
+        tail [B, 3*dim, kernel-1].
         """
         B, T, _ = x.shape
-        mixed = self.conv_inputs(x)
-        mixed, tail = causal_conv(mixed.transpose(1, 2), self.conv_weight(), None, conv_tail, act="silu")
+        mixed, tail = causal_conv(self.conv_inputs(x).transpose(1, 2), self.conv_weight(), None, conv_tail, act="silu")
         q, k, v = torch.split(mixed.transpose(1, 2), [self.dim] * 3, dim=-1)
         shape = (B, T, self.n_heads, self.head_dim)
         dt = operand_dtype(x.device, x.dtype)  # fp32 on the torch path, the model's on fla
         q = l2norm(q.reshape(shape).float()).to(dt)
         k = l2norm(k.reshape(shape).float()).to(dt)
-        v = v.reshape(shape)
-        g = self.gate(x)
-        beta = self.b_proj(x).float().sigmoid()
-        out_gate = self.g_b_proj(self.g_a_proj(x)).view(shape)
-        return q, k, v, g, beta, out_gate, tail
+        beta = torch.sigmoid(self.b_proj(x)).float()  # in the model dtype, as transformers does
+        return q, k, v.reshape(shape), self.gate(x), beta, self.out_gate(x).view(shape), tail
 
     def output(self, o: torch.Tensor, out_gate: torch.Tensor, dtype) -> torch.Tensor:
         B, T = o.shape[:2]
         o = self.o_norm(o.to(dtype), out_gate)
-        return self.o_proj(o.reshape(B, T, self.dim))
+        return getattr(self, self.out_proj_name)(o.reshape(B, T, self.dim))
+
+
+class KimiDeltaAttention(KDAMixer):
+    """Kimi-Linear's KDA: low-rank forget and output gates (f_a/f_b, g_a/g_b), output o_proj."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg, "kimi_linear", out_proj="o_proj")
+        d, hd = self.dim, self.head_dim
+        self.f_a_proj = nn.Linear(self.hidden, hd, bias=False)
+        self.f_b_proj = nn.Linear(hd, d, bias=False)
+        self.dt_bias = nn.Parameter(torch.empty(d))
+        self.A_log = nn.Parameter(torch.empty(1, 1, self.n_heads, 1))
+        self.g_a_proj = nn.Linear(self.hidden, hd, bias=False)
+        self.g_b_proj = nn.Linear(hd, d, bias=False)
+
+    def gate(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        g = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
+        g = g.view(B, T, self.n_heads, self.head_dim)
+        # transformers' softplus: identity above 20, log(1 + exp(g)) below.
+        sp = torch.where(g > 20.0, g, torch.log(1.0 + torch.exp(g)))
+        return -self.A_log.float().exp() * sp
+
+    def out_gate(self, x: torch.Tensor) -> torch.Tensor:
+        return self.g_b_proj(self.g_a_proj(x))
 
 
 class KimiExpert(nn.Module):
