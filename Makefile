@@ -13,7 +13,7 @@ FLA_VENV  ?= .venv-fla
 FLA_STAMP := $(FLA_VENV)/.installed
 FLA_REQS  := requirements/fla-interpreter.txt requirements/constraints-cpu.txt
 
-.PHONY: demo test venv fla-venv gpu-check clean mutate compose-check
+.PHONY: demo test venv fla-venv gpu-check gpu-wheels clean mutate compose-check
 
 venv: $(STAMP)
 
@@ -43,17 +43,29 @@ test: $(STAMP)
 	-$(MAKE) --no-print-directory fla-venv
 	$(VPY) -m pytest -q tests
 
-# On a machine with NVIDIA GPUs: installs .venv-gpu (CUDA torch, fla, nixl), prints one table
-# (docs/gpu.md). `python scripts/gpu_check.py --dry-run` shows the table's rows without a GPU.
+# On a machine with NVIDIA GPUs and no network (docs/gpu.md): installs the wheels of .gpu-wheels/
+# (`make gpu-wheels`, run here beforehand) into .gpu-site/ beside the machine's own torch, prints
+# one table and gpu-check.json. `python scripts/gpu_check.py --dry-run` shows the rows without a GPU.
 gpu-check:
 	$(PY) scripts/gpu_check.py --json gpu-check.json
+
+# The pinned cp312 manylinux x86_64 wheels of requirements/gpu-wheels.txt, for a GPU machine without
+# network (they travel with the working tree: 64 MiB in all, measured about 11 MiB; nixl's CUDA
+# build, 56-66 MiB alone, does not fit).
+GPU_WHEELS := .gpu-wheels
+gpu-wheels:
+	$$(test -x $(VPY) && echo $(VPY) || echo $(PY)) -m pip download -q --only-binary=:all: --no-deps --python-version 3.12 --implementation cp \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+		-d $(GPU_WHEELS) -r requirements/gpu-wheels.txt
+	du -sh $(GPU_WHEELS)
+	test $$(du -sm $(GPU_WHEELS) | cut -f1) -le 64 || { echo "$(GPU_WHEELS) is over 64 MiB"; exit 1; }
 
 # The mesh for real under Docker, CPU only (not part of test): scripts/compose-check.sh.
 compose-check: $(STAMP)
 	bash scripts/compose-check.sh
 
 clean:
-	rm -rf $(VENV) $(FLA_VENV) .venv-gpu
+	rm -rf $(VENV) $(FLA_VENV) .venv-gpu .gpu-wheels .gpu-site
 
 # Targeted mutation check (minutes; not part of `make test`): each mutant of a property that
 # matters must make the tests that cover it fail. scripts/mutate.py lists them.

@@ -1,8 +1,11 @@
 """`make gpu-check`: check and time the GPU path on a machine with NVIDIA GPUs, in one table.
 
-    python scripts/gpu_check.py              install .venv-gpu (CUDA torch 2.13.0, the [gpu] extra
-                                             with fla, nixl with its CUDA builds), re-run inside it
-    python scripts/gpu_check.py --no-install run with this interpreter
+    python scripts/gpu_check.py              install the wheels of .gpu-wheels/ (`make gpu-wheels`,
+                                             requirements/gpu-wheels.txt: fla, lmdb, structlog, the
+                                             front's fastapi/uvicorn, ...) with --no-index into
+                                             .gpu-site/, then re-run with it on the path and this
+                                             interpreter's own torch (the machine's CUDA build)
+    python scripts/gpu_check.py --no-install run with this interpreter as it is
     python scripts/gpu_check.py --dry-run    no GPU, no install: the table's plumbing, every GPU
                                              row skipped with its reason (what CI tests)
 
@@ -30,7 +33,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # also in the NIXL row's spawned server process
-VENV = ROOT / ".venv-gpu"
 BUDGET_S = 8 * 60 - 30  # leave room for the table and the teardown
 MiB = 1 << 20
 DEV = "cuda"  # every row's device (a developer may point it at "cpu" to walk the rows' code)
@@ -45,18 +47,57 @@ class Row:
 
 
 # -- install -------------------------------------------------------------------------------------
-def install(venv: Path) -> Path:
-    """Build the GPU venv: PyPI's torch 2.13.0 (its Linux wheel is the CUDA build), the project
-    with its [gpu] extra (fla) and nixl (whose wheel pulls nixl-cu12 / nixl-cu13)."""
-    py = venv / "bin" / "python"
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(py), "-m", "pip", "install", "-q"]
-    cons = ["-c", str(ROOT / "requirements" / "constraints-gpu.txt")]
-    subprocess.run(pip + ["-r", str(ROOT / "requirements" / "base.txt")] + cons, check=True)
-    subprocess.run(pip + ["--no-deps", "--no-build-isolation", "-e", str(ROOT)], check=True)
-    subprocess.run(pip + ["flash-linear-attention"] + cons, check=True)  # the [gpu] extra, pinned
-    return py
+# The GPU machines have no network: what they lack travels as wheels (requirements/gpu-wheels.txt,
+# downloaded by `make gpu-wheels`) and is installed beside their own torch, never over it.
+WHEELS = ROOT / ".gpu-wheels"
+SITE = ROOT / ".gpu-site"
+WHEEL_REQS = ROOT / "requirements" / "gpu-wheels.txt"
+NIXL_NOT_SHIPPED = (" (nixl's CUDA wheels are not among .gpu-wheels: nixl-cu13 1.5.1 is 56 MiB, nixl-cu12 65.5 MiB, "
+                    "beside the others' 10.5 MiB over the 64 MiB that travels)")
+
+
+def pinned_wheels(reqs: Path = WHEEL_REQS) -> list[str]:
+    """The `name==version` lines of the wheel list (every one must be pinned: the download and
+    the install both run --no-deps, and a bare machine cannot resolve anything)."""
+    out = []
+    for line in reqs.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            if "==" not in line:
+                raise ValueError(f"{reqs.name}: {line!r} is not pinned")
+            out.append(line)
+    return out
+
+
+def install_wheels(wheels: Path = WHEELS, site: Path = SITE, reqs: Path = WHEEL_REQS) -> Path:
+    """pip install --no-index --find-links `wheels` --no-deps --target `site` of every pinned wheel;
+    where this interpreter has no pip, the wheels are unpacked there (a wheel is a zip of its
+    import tree). Returns `site`, to put on sys.path."""
+    if not wheels.is_dir() or not any(wheels.glob("*.whl")):
+        raise FileNotFoundError(f"no wheels in {wheels}: run `make gpu-wheels` on a machine with network first")
+    pins = pinned_wheels(reqs)
+    site.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels), "--no-deps",
+           "--upgrade", "--target", str(site), *pins]
+    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0:
+        subprocess.run(cmd, check=True)
+    else:
+        unpack_wheels(wheels, site, pins)
+    return site
+
+
+def unpack_wheels(wheels: Path, site: Path, pins: list[str]) -> None:
+    """Without pip: unzip the wheel of each pin into `site` (no scripts, no compiled bytecode)."""
+    import zipfile
+
+    for pin in pins:
+        name, version = pin.split("==")
+        stem = name.replace("-", "_").lower() + "-" + version + "-"
+        found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(stem)]
+        if not found:
+            raise FileNotFoundError(f"no wheel for {pin} in {wheels}")
+        with zipfile.ZipFile(found[0]) as z:
+            z.extractall(site)
 
 
 # -- what each row needs --------------------------------------------------------------------------
@@ -86,6 +127,8 @@ def probe(dry_run: bool) -> dict[str, str | None]:
         out["nixl"] = None if api is not None else err
     except Exception as e:
         out["nixl"] = f"nixl: {e}"
+    if out["nixl"]:  # why it is not among the wheels: measured, it does not fit the 64 MiB
+        out["nixl"] += NIXL_NOT_SHIPPED
     bundled = ROOT / "models" / "hypic-tiny-qwen35" / "config.json"
     out["model"] = None if bundled.exists() else f"no bundled model at {bundled.parent}"
     return out
@@ -211,7 +254,7 @@ def row_fla(family: str):
 def row_compose():
     import torch
 
-    from kernels.compose import compose_batched
+    from kernels.compose import compose_batched, compose_run_states
 
     n, G, K, V = 16, (8, 8), 128, 128
     out, worst = [], 0.0
@@ -222,9 +265,13 @@ def row_compose():
         S = torch.randn(n, *G, K, V, device=DEV)
         t_tri, a = _timed(lambda: compose_batched(T, S, form=form, backend="triton"))
         t_ref, b = _timed(lambda: compose_batched(T, S, form=form, backend="torch"))
-        worst = max(worst, _rel(a, b))
-        out.append(f"{form} {t_tri * 1e3:.2f}/{t_ref * 1e3:.2f} ms")
-    return ("ok" if worst < 1e-4 else "FAIL", f"rel {worst:.1e}", f"n={n}, 64 slices, K=V={K}, triton/torch: " + ", ".join(out))
+        # the run kernel (one launch per layer for a run of seams and bodies) vs its reference
+        t_run, (e1, o1) = _timed(lambda: compose_run_states(T, S, T, S, S[0], form=form, backend="triton"))
+        t_run_ref, (e2, o2) = _timed(lambda: compose_run_states(T, S, T, S, S[0], form=form, backend="torch"))
+        worst = max(worst, _rel(a, b), _rel(o1, o2), _rel(e1, e2))
+        out.append(f"{form} {t_tri * 1e3:.2f}/{t_ref * 1e3:.2f} ms, run {t_run * 1e3:.2f}/{t_run_ref * 1e3:.2f} ms")
+    return ("ok" if worst < 1e-4 else "FAIL", f"rel {worst:.1e}",
+            f"n={n}, 64 slices, K=V={K}, triton/torch (batched; run of n seams + n bodies): " + ", ".join(out))
 
 
 def row_reuse(tmp: Path):
@@ -373,7 +420,7 @@ def plan(tmp: Path):
         ("entry build + reuse prefill: CUDA vs CPU", ("cuda",), lambda: row_reuse(tmp)),
         ("segcache device tier", ("cuda",), lambda: row_segcache(tmp)),
         ("NIXL VRAM->VRAM, two processes", ("cuda", "nixl"), row_nixl),
-        ("Triton compose vs torch", ("cuda", "triton"), row_compose),
+        ("Triton compose (batched, run) vs torch", ("cuda", "triton"), row_compose),
         ("mesh on one GPU: demo request", ("cuda", "model"), lambda: row_mesh(tmp)),
         ("bench/reuse mid-size model TTFT", ("cuda",), lambda: row_bench_reuse(tmp)),
     ]
@@ -417,16 +464,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="no GPU, no install: every GPU row skipped")
     ap.add_argument("--no-install", action="store_true", help="use this interpreter as it is")
-    ap.add_argument("--venv", default=str(VENV))
+    ap.add_argument("--wheels", default=str(WHEELS), help="folder of the wheels to install (make gpu-wheels)")
+    ap.add_argument("--site", default=str(SITE), help="where they are installed (--target)")
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args(argv)
     if not (args.dry_run or args.no_install):
         try:
-            py = install(Path(args.venv))
+            site = install_wheels(Path(args.wheels), Path(args.site))
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]))
             rest = ["--no-install"] + (["--json", args.json] if args.json else [])
-            return subprocess.run([str(py), __file__, *rest], cwd=ROOT).returncode
-        except Exception as e:  # registry unreachable, no CUDA wheel, ...: check what is here
-            print(f"install into {args.venv} failed ({e}); checking with {sys.executable}", flush=True)
+            return subprocess.run([sys.executable, __file__, *rest], cwd=ROOT, env=env).returncode
+        except Exception as e:  # no wheels here, a wheel missing: check what is here, rows say what is not
+            print(f"install of {args.wheels} into {args.site} failed ({e}); checking with {sys.executable} as it is",
+                  flush=True)
     t0 = time.monotonic()
     rows = run_rows(args.dry_run)
     gpu = ""

@@ -45,9 +45,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("T-dropped-segment-major", "common/engine/pic/apply.py",
            "S_new = compose(body.summary, S_w)", "S_new = body.summary.S + S_w",
            ("tests/test_pic.py",)),
-    Mutant("T-dropped-layer-major", "common/engine/pic/seam_plan.py",
+    Mutant("T-dropped-layer-major", "common/engine/pic/seam_plan.py",  # the per-segment scan (warm-up, minimax)
            "running = compose(body.summary, running)", "running = body.summary.S + running",
            ("tests/test_pic.py",)),
+    Mutant("T-dropped-run-kernel", "common/engine/pic/seam_plan.py",  # the run's one-launch scan
+           "Tb = torch.cat([b.T for b in bodies], 0)",
+           "Tb = torch.cat([identity_transition(seams.form, 1, b.S.shape[1], b.S.shape[2], b.S.device) "
+           "for b in bodies], 0)",
+           ("tests/test_compose_runs.py", "-k", "qwen3_5_text or nemotron_h")),
     Mutant("arrived-run-composed-out-of-order", "services/combine/servicer.py",
            "[ready.pop(j).entry for j in run]", "[ready.pop(j).entry for j in reversed(run)]",
            ("tests/test_scatter_combine.py", "-k", "arrived_runs")),

@@ -69,3 +69,50 @@ def test_tiny_checkpoints_load_and_use_the_family(family, kinds, tmp_path):
     assert mixers and all(m == kinds for m in mixers)
     out = eng.prefill(list(range(3, 40)), return_all_logits=True)
     assert torch.isfinite(out.all_logits).all()
+
+
+def test_wheel_list_is_pinned_and_names_what_the_gpu_path_imports():
+    pins = gpu_check.pinned_wheels()
+    names = {p.split("==")[0] for p in pins}
+    assert {"flash-linear-attention", "fla-core", "lmdb", "structlog", "fastapi", "uvicorn"} <= names
+    assert not names & {"torch", "triton", "transformers", "numpy", "grpcio"}  # the machine's own
+
+
+def test_unpinned_wheel_line_is_refused(tmp_path):
+    reqs = tmp_path / "r.txt"
+    reqs.write_text("# comment\nlmdb==3.0.0\nstructlog\n")
+    with pytest.raises(ValueError, match="structlog"):
+        gpu_check.pinned_wheels(reqs)
+
+
+def _wheel(folder: Path, name: str, version: str, body: str) -> Path:
+    """A minimal pure-python wheel (a zip of the import tree and its dist-info)."""
+    import zipfile
+
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}/__init__.py", body)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.mark.processes
+def test_wheels_install_offline_into_a_target_and_import_from_it(tmp_path):
+    """The bare-machine install: --no-index from the folder into --target, then importable there."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels.mkdir()
+    _wheel(wheels, "hypic_probe_pkg", "1.2.3", "ANSWER = 42\n")
+    reqs = tmp_path / "reqs.txt"
+    reqs.write_text("hypic_probe_pkg==1.2.3\n")
+    assert gpu_check.install_wheels(wheels, site, reqs) == site
+    out = subprocess.run([sys.executable, "-c", "import hypic_probe_pkg as m; print(m.ANSWER, m.__file__)"],
+                         env={"PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split()[0] == "42" and str(site) in out.stdout
+    unpacked = tmp_path / "unpacked"  # the path without pip
+    gpu_check.unpack_wheels(wheels, unpacked, ["hypic_probe_pkg==1.2.3"])
+    assert (unpacked / "hypic_probe_pkg" / "__init__.py").read_text() == "ANSWER = 42\n"
+    with pytest.raises(FileNotFoundError, match="make gpu-wheels"):
+        gpu_check.install_wheels(tmp_path / "none", site, reqs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .torch_ref import FORMS, compose_batched_torch, infer_form
+from .torch_ref import FORMS, compose_batched_torch, compose_run_states_torch, infer_form
 
 
 # state dtypes the Triton kernel is built and tested for (fp32 accumulation inside)
@@ -67,6 +67,21 @@ def compose_batched(
     return compose_batched_torch(T, S, S_in, form=form, return_all=return_all, out_dtype=out_dtype, out=out)
 
 
+def compose_run_states(Ta, Sa, Tb, Sb, S_in=None, *, form: str | None = None, backend: str = "auto"):
+    """A run of n segments, seam summary (Ta, Sa) then body summary (Tb, Sb) each, in one pass:
+    (states entering each seam [n, *G, K, V], state after the run [*G, K, V]), fp32. One Triton
+    launch on CUDA (kernels.compose.triton_run), the torch reference otherwise."""
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    if backend == "auto":
+        backend = compose_backend(Sa.device, Sa.dtype)
+    if backend == "triton":
+        from .triton_run import compose_run_states_triton
+
+        return compose_run_states_triton(Ta, Sa, Tb, Sb, S_in, form=form)
+    return compose_run_states_torch(Ta, Sa, Tb, Sb, S_in, form=form)
+
+
 def compose_summary(summary, S_in: torch.Tensor) -> torch.Tensor:
     """S_out = T . S_in + S (fp32) for one segment's Summary (kernels.linear_attn), on the path
     :func:`compose_backend` picks: the Triton kernel on CUDA, torch (the same arithmetic as
@@ -84,6 +99,7 @@ def stack_summaries(summaries) -> tuple[torch.Tensor, torch.Tensor, str]:
 
 
 __all__ = [
-    "FORMS", "TRITON_DTYPES", "compose_backend", "compose_batched", "compose_batched_torch", "compose_summary",
+    "FORMS", "TRITON_DTYPES", "compose_backend", "compose_batched", "compose_batched_torch", "compose_run_states",
+    "compose_run_states_torch", "compose_summary",
     "infer_form", "stack_summaries", "triton_available",
 ]

@@ -78,3 +78,21 @@ def compose_batched_torch(
     else:
         res = acc.to(odt)
     return (res, states) if return_all else res
+
+
+def compose_run_states_torch(Ta: torch.Tensor, Sa: torch.Tensor, Tb: torch.Tensor, Sb: torch.Tensor,
+                             S_in: torch.Tensor | None = None, *, form: str | None = None):
+    """A run of n segments, each a seam summary (Ta, Sa) followed by a body summary (Tb, Sb), all
+    [n, *G, ...] as in compose_batched: returns (entering [n, *G, K, V] fp32: the state entering
+    each segment's seam, S_out [*G, K, V] fp32: the state after the last body). The plain
+    reference of kernels.compose.triton_run (one launch for the whole run)."""
+    form = form or infer_form(Ta, Sa)
+    n, G, K, V = check_shapes(Ta, Sa, S_in, form)
+    check_shapes(Tb, Sb, S_in, form)
+    acc = S_in.float().clone() if S_in is not None else Sa.new_zeros(G + (K, V), dtype=torch.float32)
+    entering = torch.empty((n,) + G + (K, V), dtype=torch.float32, device=Sa.device)
+    for i in range(n):
+        entering[i].copy_(acc)
+        acc = compose_batched_torch(Ta[i : i + 1], Sa[i : i + 1], acc, form=form, out_dtype=torch.float32)
+        acc = compose_batched_torch(Tb[i : i + 1], Sb[i : i + 1], acc, form=form, out_dtype=torch.float32)
+    return entering, acc

@@ -28,6 +28,7 @@ from common.engine.hybrid_engine import HybridEngine
 from common.engine.pic import BuildCancelled
 from common.engine.pic.entry import EntryMismatch, SegmentEntry
 from common.mesh.auth import read_secret
+from common.engine.pic.placement import place_for_engine
 from common.engine.pic.seal import ForgedEntry, open_sealed, seal
 from common.mesh.log import REQUEST_ID_KEY
 from common.mesh.nixl_util import NixlUnavailable
@@ -270,10 +271,11 @@ def _open_and_parse(sealed, key: str, secret: bytes) -> SegmentEntry:
 
 async def parse_entry(data, ctx: RequestCtx, key: str, ids: list[int]) -> SegmentEntry:
     """The entry in sealed bytes that arrived for segment `key`: its seal opens under the mesh's
-    secret, its header names `key`, and it fits the plan; BadEntry otherwise."""
+    secret, its header names `key`, and it fits the plan; BadEntry otherwise. Returned placed on the
+    engine's device (T, S fp32; the rest in the model's dtype: common.engine.pic.placement)."""
     entry = await asyncio.to_thread(_open_and_parse, data, key, ctx.secret)
     check_entry(entry, ctx, ids)
-    return entry
+    return await asyncio.to_thread(place_for_engine, entry, ctx.engine)
 
 
 # Reasons an entry from segcache is dropped there: it would fail everyone who reads it.

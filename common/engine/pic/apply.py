@@ -31,7 +31,9 @@ def run_warmup(mixer, body: LinearBody, S: torch.Tensor, conv: torch.Tensor | No
 
 
 def mixer_dtype(mixer) -> torch.dtype:
-    return next(mixer.parameters()).dtype
+    """The dtype the mixer's inputs are in: its weight matrices' (decay vectors such as A_log stay
+    fp32 in a bf16 model, so the first parameter is not it): its first linear projection's."""
+    return next(m.weight.dtype for m in mixer.modules() if isinstance(m, torch.nn.Linear))
 
 
 def apply_body(model, state: ModelState, entry: SegmentEntry, start: int, additive: bool = False) -> ModelState:

@@ -13,8 +13,9 @@ from common.engine.layers.attention import (attention_values, causal_attention, 
 from common.engine.pic.apply import conv_cat, run_warmup
 from common.engine.pic.entry import SegmentEntry
 from common.engine.state import AttentionLayerState, LinearLayerState, ModelState
+from kernels.compose import compose_run_states
 from kernels.compose import compose_summary as compose  # Triton on CUDA, torch on CPU (one chooser)
-from kernels.linear_attn import linear_attention
+from kernels.linear_attn import FAMILY_GATE, linear_attention, segment_summary
 
 
 def _rows(t, rows):
@@ -150,17 +151,11 @@ class SeamPlan:
         # its body applied after it (a scan over the run's segments)
         q, k, v, g, beta, aux, _ = mixer.features(X, torch.cat(tails_in, 0))
         running = before.recurrent if before is not None else torch.zeros_like(bodies[0].S)
-        o = None
-        for j, ((a, b), body) in enumerate(zip(self.spans, bodies)):
-            if b > a:
-                rows = (slice(j, j + 1), slice(0, b - a))
-                o_j, running = linear_attention(mixer.family, q[rows], k[rows], v[rows], g=_rows(g, rows),
-                                                beta=_rows(beta, rows), initial_state=running, scale=mixer.scale)
-                if o is None:
-                    o = o_j.new_zeros(n, wmax, *o_j.shape[2:])
-                o[rows] = o_j
-            running = run_warmup(mixer, body, running, conv_after_seam[j])
-            running = compose(body.summary, running)
+        feats = (q, k, v, g, beta)
+        if run_composable(mixer.family, bodies):
+            o, running = self._scan_run(mixer, feats, bodies, running)
+        else:
+            o, running = self._scan_one_by_one(mixer, feats, bodies, running, conv_after_seam)
         y = mixer.output(o, aux, x.dtype)  # [n, wmax, D]
         y = torch.cat([y[j : j + 1, : b - a] for j, (a, b) in enumerate(self.spans)], 1)
         # (a copy: the last body's tail is a view of its entry's received buffer, which the
@@ -170,6 +165,38 @@ class SeamPlan:
             y_q, after = mixer(x[:, ws:], after, ctx)
             y = torch.cat([y, y_q.to(y.dtype)], 1)
         return y, after
+
+    def _scan_one_by_one(self, mixer, feats, bodies, running, conv_after_seam):
+        """Each seam's recurrence from the state composed so far, its body (warm-up tokens, then
+        (T, S)) applied after it, segment by segment: the reference of `_scan_run`, and the path
+        for runs it does not cover. Returns (seam outputs [n, wmax, ...], state after the run)."""
+        q, k, v, g, beta = feats
+        o = None
+        for j, ((a, b), body) in enumerate(zip(self.spans, bodies)):
+            if b > a:
+                rows = (slice(j, j + 1), slice(0, b - a))
+                o_j, running = linear_attention(mixer.family, q[rows], k[rows], v[rows], g=_rows(g, rows),
+                                                beta=_rows(beta, rows), initial_state=running, scale=mixer.scale)
+                if o is None:
+                    o = o_j.new_zeros(q.shape[0], q.shape[1], *o_j.shape[2:])
+                o[rows] = o_j
+            running = run_warmup(mixer, body, running, conv_after_seam[j])
+            running = compose(body.summary, running)
+        return o, running
+
+    def _scan_run(self, mixer, feats, bodies, running):
+        """The same scan in three calls per layer whatever the run's length: every seam's summary
+        from zero (one batched call; the padding rows made identity steps: k, v, beta and the
+        log-decay zero), the run's 2n summaries composed in one launch (kernels.compose
+        .compose_run_states: the state entering each seam and after the run), every seam's
+        outputs from its entering state (one batched call)."""
+        q, k, v, g, beta = (_padding_zeroed(t, self.spans) for t in feats)
+        seams = segment_summary(mixer.family, k, v, g=g, beta=beta)
+        Tb = torch.cat([b.T for b in bodies], 0)
+        Sb = torch.cat([b.S for b in bodies], 0)
+        entering, after = compose_run_states(seams.T, seams.S, Tb, Sb, running[0], form=seams.form)
+        o, _ = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=entering, scale=mixer.scale)
+        return o, after.unsqueeze(0)
 
     def _conv_tails(self, mixer, xs, conv_in, bodies):
         """(conv state entering each seam, conv state after each seam (None where not needed),
@@ -192,6 +219,23 @@ class SeamPlan:
             after_seam.append(after)
             run_conv = conv_cat(after, body.conv_tail, c - 1) if u is not None else body.conv_tail
         return tails_in, after_seam, run_conv
+
+
+def run_composable(family: str, bodies) -> bool:
+    """Whether SeamPlan._scan_run covers a linear layer's run: no body re-runs warm-up tokens (their
+    conv patch is not a summary), and padding rows can be made identity steps (a per-head
+    constant decay, gate "head", would decay them)."""
+    return FAMILY_GATE[family] != "head" and all(b.warmup_inputs is None for b in bodies)
+
+
+def _padding_zeroed(t: torch.Tensor | None, spans) -> torch.Tensor | None:
+    """A copy of per-token features [n, wmax, ...] with every row past its seam's length zeroed."""
+    if t is None or t.dim() < 2:
+        return t
+    out = t.clone()
+    for j, (a, b) in enumerate(spans):
+        out[j, b - a :] = 0
+    return out
 
 
 ARENAS = "kv_arenas"  # ModelState.extra: per attention layer, the KVArena its keys live in
