@@ -42,8 +42,13 @@ def model_fingerprint(path: str | Path) -> str:
 
 
 def segment_key(model_fingerprint: str, seam: int, dtype: Any, token_ids: Sequence[int]) -> str:
-    """Content address of a segment entry: the same everywhere (never Python's hash())."""
-    h = hashlib.blake2b(digest_size=20, person=b"hypic-seg-v1")
+    """Content address of a segment entry: the same everywhere (never Python's hash()).
+
+    The personalisation string names the entries' content: it changes whenever what an entry
+    holds for the same model, seam, dtype and tokens changes, so that entries of the old kind are
+    never found (a miss and a rebuild, not a wrong answer). v2: MLA layers (Ling's bailing_hybrid)
+    hold the compressed latent and rope key, as Kimi-Linear's do, no longer the expanded KV."""
+    h = hashlib.blake2b(digest_size=20, person=b"hypic-seg-v2")
     h.update(model_fingerprint.encode() + b"\0" + name_of(dtype).encode() + b"\0")
     h.update(struct.pack("<iI", int(seam), len(token_ids)))
     h.update(struct.pack(f"<{len(token_ids)}I", *[int(t) for t in token_ids]))
