@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -35,14 +34,11 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.driver import median  # noqa: E402
 from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model  # noqa: E402
 from hypic.launcher import DEFAULT_MODEL, Mesh  # noqa: E402
 
 HOPS = ("lookup_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s")
-
-
-def median(xs) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 def prompt(vocab: int, n: int, tokens: int, query: int, seed: int) -> tuple[list[list[int]], list[int]]:

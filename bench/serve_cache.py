@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import workloads as W  # noqa: E402
-from bench.serve import Encoder, drive, log, pct  # noqa: E402
+from bench.driver import Encoder, drive, log, pct  # noqa: E402
 from hypic.launcher import DEFAULT_MODEL, Mesh  # noqa: E402
 
 MiB = 1 << 20

@@ -38,6 +38,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.driver import best  # noqa: E402
 from bench.segcache import start_server  # noqa: E402
 from common.engine.checksum import checksum  # noqa: E402
 from common.engine.pic.entry import AttentionBody, LinearBody, SegmentEntry  # noqa: E402
@@ -65,15 +66,9 @@ def hash_speeds(nbytes: int = 64 * MiB, reps: int = 5) -> dict[str, float]:
         pass
     out = {}
     for name, fn in fns.items():
-        best = min(_timed(fn) for _ in range(reps))
-        out[name] = round(nbytes / best / 1e9, 2)
+        fastest = best(fn, reps)[0]
+        out[name] = round(nbytes / fastest / 1e9, 2)
     return out
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def synthetic_entry(nbytes: int, seed: int) -> SegmentEntry:

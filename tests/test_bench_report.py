@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import cold as C
+from bench import cold_model as C
 from bench import report
 from bench.random_model import RANDOM_LABEL
 
@@ -118,7 +118,7 @@ def assert_same_figures(got, want, where: str = "") -> None:
 
 
 def test_cold_bound_is_the_arithmetic_of_the_replay() -> None:
-    """bench.cold.reprice recomputes the committed TTFTs, speedups and bound exactly from the
+    """bench.cold_model.reprice recomputes the committed TTFTs, speedups and bound exactly from the
     replayed passes; the bound is overhead + last arrival + query, never above a replayed TTFT;
     the paragraph's 'longest build alone' holds."""
     replay = json.loads((RESULTS / "cold_runs.json").read_text())
