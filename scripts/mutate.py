@@ -233,7 +233,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "    if replay:\n        out += closing_rows_replay(replay)\n    elif",
            "    if False:\n        out += closing_rows_replay(replay)\n    elif",
            ("tests/test_bench_report.py",)),
-    Mutant("cold-bound-without-query", "bench/cold.py",
+    Mutant("cold-bound-without-query", "bench/cold_model.py",
            'r[f"ttft_zero_cost_combine{tag}_s"] = ov + r["makespan_s"] + query_s',
            'r[f"ttft_zero_cost_combine{tag}_s"] = ov + r["makespan_s"]',
            ("tests/test_bench_report.py",)),
