@@ -1,5 +1,4 @@
-"""The benchmarks' figures (PNG). matplotlib is imported inside each function: it takes seconds
-to import and only a run that writes its figures needs it."""
+"""The benchmarks' figures (PNG), and `pyplot()`, the one place where bench imports matplotlib."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,14 +8,24 @@ import numpy as np
 from bench.cold_model import PARTITIONS
 from common.engine.modes import LABELS
 
-COLORS = {"full": "#7f7f7f", "prefix": "#ff7f0e", "additive": "#9467bd", "hypic": "#2ca02c"}
 
 
-def plot_cdf(closed: dict, path: Path) -> None:
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files, no display). Imported here, lazily: it takes
+    seconds to import and only a run that writes its figures needs it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+COLORS = {"full": "#7f7f7f", "prefix": "#ff7f0e", "additive": "#9467bd", "hypic": "#2ca02c"}
+
+
+def plot_cdf(closed: dict, path: Path) -> None:
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, len(closed), figsize=(5 * len(closed), 3.8), squeeze=False)
     for ax, (shape, d) in zip(axes[0], closed.items()):
@@ -39,10 +48,7 @@ def plot_cdf(closed: dict, path: Path) -> None:
 
 
 def plot_rate(sweep: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for mode, d in sweep["modes"].items():
@@ -64,10 +70,7 @@ def plot_rate(sweep: dict, path: Path) -> None:
 
 
 def plot_cold(cold: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a0, a1) = plt.subplots(1, 2, figsize=(11, 4))
     meas = cold["measured"]
@@ -100,10 +103,7 @@ def plot_cold(cold: dict, path: Path) -> None:
 def plot_replay(res: dict, path: Path) -> None:
     """Cold TTFT speedup over m = 1 against m: arrived runs per partitioning, in order (LPT), the
     builds alone and a zero-cost combine (LPT)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     pick = lambda policy, how: [r for r in res["rows"] if r["policy"] == policy and r["partition"] == how]  # noqa: E731

@@ -19,6 +19,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from bench.driver import best
+from bench.plots import pyplot
 from bench.random_model import RANDOM_LABEL, config_kwargs, describe, parse_spec, save_random_model
 from common.engine.hybrid_engine import HybridEngine
 from common.engine.modes import LABELS, MODES
@@ -105,10 +106,7 @@ def main(argv=None):
 
 
 def _plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ns = [r["n"] for r in rows]

@@ -47,13 +47,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import segcache_capacity as cap  # noqa: E402
 from common.mesh.nixl_util import load_nixl  # noqa: E402
 from common.mesh.segcache_client import SegcacheClient  # noqa: E402
 from common.mesh.server import run as run_loop  # noqa: E402
 from services.segcache.config import SegcacheConfig  # noqa: E402
 from services.segcache.remote_tier import unpack  # noqa: E402
 from services.segcache.store import TIER_HOST, SegmentStore  # noqa: E402
-from hypic.launcher import mooncake_missing  # noqa: E402
+from hypic.launcher import MooncakeMaster, find_master_binary, mooncake_missing  # noqa: E402
 
 MiB = 1 << 20
 
@@ -203,8 +204,6 @@ def bench_host(tmp: Path, payloads: dict[int, bytes], reps: int) -> dict[int, di
 
 
 def start_master(tmp: Path):
-    from hypic.launcher import MooncakeMaster, find_master_binary
-
     master = MooncakeMaster(name="mooncake", kind="mooncake", args=[], run_dir=tmp / "run",
                             log_dir=tmp, binary=find_master_binary())
     master.start()
@@ -215,6 +214,7 @@ def start_master(tmp: Path):
 def bench_remote(master_port: int, payloads: dict[int, bytes], reps: int) -> dict[int, dict]:
     """Reads of the entries the segcache server wrote behind to the store, from this process."""
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+    # lazily, after the bind address is set (read at import), and an optional dependency
     from mooncake.store import MooncakeDistributedStore
 
     store = MooncakeDistributedStore()
@@ -356,8 +356,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     if not args.no_capacity:
-        from bench import segcache_capacity as cap
-
         cap_args = argparse.Namespace(model="", corpus=400, doc_tokens=[128, 2048], k=[4, 32],
                                       zipf_s=1.0, max_prompt_tokens=4096, requests=3000,
                                       warm=500, seed=0)

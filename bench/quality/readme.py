@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 from bench import results_json
@@ -30,8 +31,6 @@ def _rel(x: float, ref: float) -> str:
 
 def _majority(task: str, n: int) -> float:
     """Accuracy of always giving the most frequent answer of the evaluation prompts."""
-    from collections import Counter
-
     c = Counter(tuple(T.eval_prompt(task, i)[1].answer) for i in range(n))
     return 100.0 * c.most_common(1)[0][1] / n
 

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.quality import tasks as T
+from bench.plots import pyplot
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = ROOT / "models" / "hypic-tiny-qwen35"
@@ -151,10 +152,7 @@ def save_checkpoint(path: Path, model, opt, state: dict) -> None:
 
 
 def plot_curve(history: list[dict], evals: list[dict], out: Path, stage_steps: list[int] = ()) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     steps = [h["step"] for h in history]
