@@ -25,8 +25,8 @@ from typing import Any, Sequence
 import torch
 
 from bench.cold_mesh import measure_mesh
-from bench.cold_model import (OVERHEAD_NOTE, PARTITIONS, RUN_FEATURES, add_ttft, arrivals, combine_in_runs, fit_cost_model,
-                              fit_run_cost, fitted_table, reprice)
+from bench.cold_model import (OVERHEAD_NOTE, PARTITIONS, RUN_FEATURES, add_ttft, arrivals, combine_in_runs,
+                              fit_cost_model, fit_run_cost, fitted_table, reprice)
 from bench.driver import timed
 from bench.plots import plot_replay
 from bench.workloads import skewed_lengths

@@ -256,19 +256,15 @@ def bench_remote(master_port: int, payloads: dict[int, bytes], reps: int) -> dic
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes-mib", default="1,16,64")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "segcache.json")
-    ap.add_argument("--no-remote", action="store_true", help="skip the Mooncake tier")
-    ap.add_argument("--no-capacity", action="store_true", help="skip the hit-rate-vs-capacity curve")
-    args = ap.parse_args(argv)
-    sizes = [int(float(s) * MiB) for s in args.sizes_mib.split(",")]
-    rng = np.random.default_rng(0)
-    payloads = {n: rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes}
-    load_nixl()
+COLUMNS = [("memcpy", "memcpy_s"), ("host tier", "host_tier_s"), ("lmdb warm", "lmdb_warm_s"),
+           ("lmdb cold", "lmdb_cold_s"), ("mc get_into", "mooncake_get_into_s"),
+           ("remote tier", "remote_tier_s"), ("grpc 1MiB", "grpc_1mib_s"),
+           ("grpc 4MiB", "grpc_4mib_s"), ("nixl", "nixl_s"), ("nixl+verify", "nixl_verify_s")]
 
+
+def measure(sizes: list[int], payloads: dict[int, bytes], args) -> tuple[dict, dict, dict, dict, str]:
+    """Every tier's reads: (through the service, LMDB in process, host tier in process, Mooncake,
+    why Mooncake was not measured or "")."""
     why_no_remote = "--no-remote" if args.no_remote else mooncake_missing()
     if why_no_remote:
         print(f"no Mooncake tier: {why_no_remote}")
@@ -297,31 +293,35 @@ def main(argv: list[str] | None = None) -> int:
                 master.stop(5)
         disk = bench_lmdb(tmp, payloads, args.reps)
         host = bench_host(tmp, payloads, args.reps)
+    return svc, disk, host, remote, why_no_remote
 
+
+def table(sizes: list[int], reads: dict[int, dict], reps: int) -> list[dict]:
+    """Per size, seconds and GB/s of every column measured; printed as a table."""
     rows = []
-    cols = [("memcpy", "memcpy_s"), ("host tier", "host_tier_s"), ("lmdb warm", "lmdb_warm_s"),
-            ("lmdb cold", "lmdb_cold_s"), ("mc get_into", "mooncake_get_into_s"),
-            ("remote tier", "remote_tier_s"), ("grpc 1MiB", "grpc_1mib_s"),
-            ("grpc 4MiB", "grpc_4mib_s"), ("nixl", "nixl_s"), ("nixl+verify", "nixl_verify_s")]
     for size in sizes:
-        r = {**svc[size], **disk[size], **host[size], **remote.get(size, {})}
+        r = reads[size]
         row = {"size_bytes": size}
-        for name, k in cols:
+        for name, k in COLUMNS:
             if k in r:
                 row[k.replace("_s", "_gbps")] = round(gbps(size, r[k]), 3)
                 row[k] = round(r[k], 6)
         rows.append(row)
 
-    head = f"{'size':>8} " + " ".join(f"{n:>12}" for n, _ in cols)
-    print("GB/s (10^9 bytes/s), median of", args.reps)
+    head = f"{'size':>8} " + " ".join(f"{n:>12}" for n, _ in COLUMNS)
+    print("GB/s (10^9 bytes/s), median of", reps)
     print(head)
     for row in rows:
         cells = []
-        for _, k in cols:
+        for _, k in COLUMNS:
             g = row.get(k.replace("_s", "_gbps"))
             cells.append(f"{g:>12.3f}" if g is not None else f"{'-':>12}")
         print(f"{row['size_bytes'] // MiB:>6}Mi " + " ".join(cells))
+    return rows
 
+
+def ratios_note(rows: list[dict], disk: dict, why_no_remote: str) -> tuple[dict, str]:
+    """The largest size's ratios between tiers, and the sentence that reports them."""
     big = rows[-1]
     ratios = {}
     if "nixl_gbps" in big:
@@ -344,6 +344,25 @@ def main(argv: list[str] | None = None) -> int:
               "(common.engine.checksum); Mooncake moved the bytes over TCP on 127.0.0.1 from the "
               "segcache process's segment"
             + (f" (not measured: {why_no_remote})" if why_no_remote else "") + ".")
+    return ratios, note
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes-mib", default="1,16,64")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "segcache.json")
+    ap.add_argument("--no-remote", action="store_true", help="skip the Mooncake tier")
+    ap.add_argument("--no-capacity", action="store_true", help="skip the hit-rate-vs-capacity curve")
+    args = ap.parse_args(argv)
+    sizes = [int(float(s) * MiB) for s in args.sizes_mib.split(",")]
+    rng = np.random.default_rng(0)
+    payloads = {n: rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes}
+    load_nixl()
+    svc, disk, host, remote, why_no_remote = measure(sizes, payloads, args)
+    reads = {size: {**svc[size], **disk[size], **host[size], **remote.get(size, {})} for size in sizes}
+    rows = table(sizes, reads, args.reps)
+    ratios, note = ratios_note(rows, disk, why_no_remote)
     print()
     print(note)
     print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
