@@ -155,6 +155,22 @@ class PrefixReplay:
 
 # ---- driving the mesh ---------------------------------------------------------------------------
 
+async def send_all(one: Callable[[int, Any], Any], reqs: Sequence[Any], open_loop: bool,
+                   concurrency: int | None) -> None:
+    """Await one(k, request) for every request: all at once (open loop: `one` waits for the
+    request's arrival time), or by `concurrency` workers taking the next request in turn."""
+    if open_loop:
+        await asyncio.gather(*(one(k, r) for k, r in enumerate(reqs)))
+        return
+    it = iter(enumerate(reqs))
+
+    async def worker() -> None:
+        for k, r in it:
+            await one(k, r)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency or 1))))
+
+
 async def _drive(address: str, reqs: Sequence[W.Request], mode: str, enc: Encoder, *,
                  max_tokens: int, concurrency: int | None, open_loop: bool,
                  timeout: float) -> tuple[list[dict], float]:
@@ -192,16 +208,7 @@ async def _drive(address: str, reqs: Sequence[W.Request], mode: str, enc: Encode
                 rec["error"] = f"{type(e).__name__}: {e}"[:300]
             records[k] = rec
 
-        if open_loop:
-            await asyncio.gather(*(one(k, r) for k, r in enumerate(reqs)))
-        else:
-            it = iter(enumerate(reqs))
-
-            async def worker() -> None:
-                for k, r in it:
-                    await one(k, r)
-
-            await asyncio.gather(*(worker() for _ in range(max(1, concurrency or 1))))
+        await send_all(one, reqs, open_loop, concurrency)
         wall = time.perf_counter() - t0
     return records, wall
 

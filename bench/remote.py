@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 import hypic
-from bench.driver import build_workloads, log, summarize
+from bench.driver import build_workloads, log, send_all, summarize
 
 SegmentLike = Union[str, list[int]]
 
@@ -141,16 +141,7 @@ async def drive(reqs: Sequence[TraceRequest], *, base_url: str = "", address: st
         records[k] = rec
 
     try:
-        if open_loop:
-            await asyncio.gather(*(run(k, r) for k, r in enumerate(reqs)))
-        else:
-            it = iter(enumerate(reqs))
-
-            async def worker() -> None:
-                for k, r in it:
-                    await run(k, r)
-
-            await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+        await send_all(run, reqs, open_loop, concurrency)
     finally:
         await client.close()
     return records, time.perf_counter() - t0
