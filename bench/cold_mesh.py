@@ -34,7 +34,7 @@ class ColdParams:
 
 
 def cold_path(mesh: Mesh, enc: Encoder, args: ColdParams) -> dict:
-    """Fresh documents, m = 2 then m = 1 (scatter1 stopped); the simulation (bench/cold.py)."""
+    """Fresh documents, m = 2 then m = 1 (scatter1 stopped); the simulation (bench/cold_model.py)."""
     lengths = W.skewed_lengths(args.cold_tokens, seed=args.seed * 1000 + 7, lo=128,
                                hi=max(256, args.doc_tokens[1]))
     log(f"\n== cold path: {sum(lengths)} tokens in {len(lengths)} segments {lengths}")

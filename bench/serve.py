@@ -25,7 +25,7 @@ What one run does (every number in bench/results/serve.json and cold.json comes 
    SLO = --slo-x times full recompute's closed-loop p50 TTFT (RAG) on this machine. QPS at SLO:
    the highest rate whose p90 TTFT <= SLO, measured (highest passing rate) and interpolated
    linearly between the last passing and the first failing rate (rate 0 = the closed-loop p90).
-5. Cold path (bench/cold.py): fresh documents on m = 2, then m = 1 scatter workers; simulated
+5. Cold path (bench/cold_mesh.py): fresh documents on m = 2, then m = 1 scatter workers; simulated
    m = 1, 2, 4, 8 and LPT vs round-robin vs contiguous partitioning on a 32k-token request.
 
 Prefix-cache hit rates are not reported by the combine, so they come from a client-side replay of
