@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -35,14 +34,13 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import hypic  # noqa: E402
+from bench.driver import median  # noqa: E402
 from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model  # noqa: E402
+from common.engine.hybrid_engine import HybridEngine  # noqa: E402
 from hypic.launcher import DEFAULT_MODEL, Mesh  # noqa: E402
 
 HOPS = ("lookup_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s")
-
-
-def median(xs) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 def prompt(vocab: int, n: int, tokens: int, query: int, seed: int) -> tuple[list[list[int]], list[int]]:
@@ -54,8 +52,6 @@ def prompt(vocab: int, n: int, tokens: int, query: int, seed: int) -> tuple[list
 def mesh_anatomy(model: Path, segs, query, reps: int, nixl: bool, floor: "Floor") -> dict:
     """The warm request through the mesh `reps` times, one floor measurement after each (so that
     both see the same load on a shared machine)."""
-    import hypic
-
     flags = [] if nixl else ["--no-nixl"]
     with tempfile.TemporaryDirectory(prefix="hypic-anatomy-") as d, \
             Mesh(model, d, n_scatter=1, threads=1, start_timeout_s=600,
@@ -89,8 +85,6 @@ class Floor:
     (1 torch thread, as each mesh process)."""
 
     def __init__(self, model: Path, segs, query, seam: int):
-        from common.engine.hybrid_engine import HybridEngine
-
         torch.set_num_threads(1)
         torch.set_flush_denormal(True)
         self.eng = HybridEngine.from_pretrained(model)

@@ -30,6 +30,11 @@ import argparse
 import json
 
 import torch
+from transformers import AutoConfig
+
+from common.engine.models import TEXT_SUBCONFIG, model_class
+from common.engine.models.base import ForwardContext
+from kernels.linear_attn import summary_form
 
 # model -> (model_type, config fields that shape the cache). Expert counts and vocab trimmed (see above).
 FAST = dict(vocab_size=1024)
@@ -101,10 +106,6 @@ REAL_CONFIGS: dict[str, tuple[str, dict]] = {
 
 
 def build_meta_model(model_type: str, cfg_kwargs: dict):
-    from transformers import AutoConfig
-
-    from common.engine.models import TEXT_SUBCONFIG, model_class
-
     cfg = AutoConfig.for_model(model_type, **cfg_kwargs)
     sub = TEXT_SUBCONFIG.get(model_type)
     cfg = getattr(cfg, sub) if sub else cfg
@@ -117,9 +118,6 @@ def layer_sizes(model, dtype_bytes: int) -> dict:
     """Linear layers: bytes per segment (T, S fp32; conv tail in the model dtype) and of T alone.
     Attention layers: bytes per token as our entry stores them, and in the model's own KV format
     (MLA: the compressed latent + the shared rope key; otherwise the same)."""
-    from common.engine.models.base import ForwardContext
-    from kernels.linear_attn import summary_form
-
     out = dict(linear_per_segment=0, T_per_segment=0, attn_per_token=0, own_kv_per_token=0, n_linear=0, n_attn=0)
     x = torch.empty(1, 1, model.embed_tokens.weight.shape[1], device="meta")
     for layer in model.layers:

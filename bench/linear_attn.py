@@ -17,38 +17,26 @@ stays meaningful when other jobs share the cores (--clock wall --threads 2 for w
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import time
 
 import torch
 import torch.nn.functional as F
 
+from bench.driver import CLOCKS, add_clock_arg, best_of
 from kernels.linear_attn.chunk import chunk_gated_deltanet, chunk_kda, chunk_linear_attn, chunk_mamba2
+from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
+from transformers.models.nemotron_h.modeling_nemotron_h import mamba2_chunk_scan
+from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
 
 
-CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
-_clock = time.process_time
-
-
-def _time_all(fns: dict, reps: int) -> dict:
-    """Best of ``reps`` interleaved runs of each callable."""
-    for f in fns.values():
-        f()
-    best = {k: float("inf") for k in fns}
-    for _ in range(reps):
-        for k, f in fns.items():
-            t0 = _clock()
-            f()
-            best[k] = min(best[k], _clock() - t0)
-    return best
-
-
-def _run(engine, ours64, theirs, reps, S_theirs_T=False):
+def _run(engine, ours64, theirs, time_fns, S_theirs_T=False):
+    """(best times of the three, the larger relative difference of their outputs and final states)."""
     (o1, s1), (o2, s2) = engine(), theirs()
     if S_theirs_T:
         s2 = s2.transpose(-1, -2)
-    t = _time_all({"engine": engine, "ours64": ours64, "theirs": theirs}, reps)
+    t = time_fns({"engine": engine, "ours64": ours64, "theirs": theirs})
     return t, max(_rel(o1, o2), _rel(s1, s2))
 
 
@@ -56,9 +44,7 @@ def _rel(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item()
 
 
-def bench_gdn(T, H, K, V, reps):
-    from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule
-
+def bench_gdn(T, H, K, V, time_fns):
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, T, H, K, generator=g)
     k = F.normalize(torch.randn(1, T, H, K, generator=g), dim=-1)
@@ -68,12 +54,10 @@ def bench_gdn(T, H, K, V, reps):
     engine = lambda: chunk_gated_deltanet(q, k, v, gate, beta)  # == linear_attention("gated_deltanet", ...)
     ours64 = lambda: chunk_linear_attn(q, k, v, gate, beta, delta=True, chunk_size=64)
     theirs = lambda: torch_chunk_gated_delta_rule(q, k, v, gate, beta, output_final_state=True)
-    return _run(engine, ours64, theirs, reps)
+    return _run(engine, ours64, theirs, time_fns)
 
 
-def bench_kda(T, H, K, V, reps, strong=False):
-    from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
-
+def bench_kda(T, H, K, V, time_fns, strong=False):
     g = torch.Generator().manual_seed(1)
     q = F.normalize(torch.randn(1, T, H, K, generator=g), dim=-1)
     k = F.normalize(torch.randn(1, T, H, K, generator=g), dim=-1)
@@ -87,12 +71,10 @@ def bench_kda(T, H, K, V, reps, strong=False):
     engine = lambda: chunk_kda(q, k, v, gate, beta)  # == linear_attention("kda", ...)
     ours64 = lambda: chunk_linear_attn(q, k, v, gate, beta, delta=True, chunk_size=64)
     theirs = lambda: chunk_kimi_delta_attention(q, k, v, gate, beta, output_final_state=True)
-    return _run(engine, ours64, theirs, reps)
+    return _run(engine, ours64, theirs, time_fns)
 
 
-def bench_mamba2(T, H, N, P, reps):
-    from transformers.models.nemotron_h.modeling_nemotron_h import mamba2_chunk_scan
-
+def bench_mamba2(T, H, N, P, time_fns):
     g = torch.Generator().manual_seed(2)
     x = torch.randn(1, T, H, P, generator=g)
     dt = F.softplus(torch.randn(1, T, H, generator=g) - 2.0)
@@ -109,7 +91,7 @@ def bench_mamba2(T, H, N, P, reps):
     def theirs():
         return mamba2_chunk_scan(x, dt, A, Bm, Cm, chunk_size=64, return_final_states=True)
 
-    return _run(engine, ours64, theirs, reps, S_theirs_T=True)
+    return _run(engine, ours64, theirs, time_fns, S_theirs_T=True)
 
 
 def main(argv=None):
@@ -119,11 +101,9 @@ def main(argv=None):
     ap.add_argument("--json", default="bench/results/linear_attn.json")
     ap.add_argument("--quick", action="store_true", help="one small shape per family")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--clock", choices=sorted(CLOCK), default="cpu",
-                    help="cpu: process CPU time (robust when other jobs share the cores; use with 1 thread)")
+    add_clock_arg(ap)
     a = ap.parse_args(argv)
-    global _clock
-    _clock = CLOCK[a.clock]
+    time_fns = functools.partial(best_of, reps=a.reps, clock=CLOCKS[a.clock])
     torch.set_num_threads(a.threads)
     torch.set_flush_denormal(True)
     shapes = [(4, 64, 64), (8, 128, 128)] if a.quick else [(4, 64, 64), (4, 128, 128), (8, 64, 64), (8, 128, 128)]
@@ -136,10 +116,10 @@ def main(argv=None):
     print("-" * len(hdr))
     cases = []
     for H, K, V in shapes:
-        cases.append(("gated_deltanet", H, K, V, lambda H=H, K=K, V=V: bench_gdn(a.T, H, K, V, a.reps), "qwen3_5 torch_chunk_gated_delta_rule"))
-        cases.append(("kda", H, K, V, lambda H=H, K=K, V=V: bench_kda(a.T, H, K, V, a.reps), "kimi_linear chunk_kimi_delta_attention"))
-        cases.append(("kda(strong g)", H, K, V, lambda H=H, K=K, V=V: bench_kda(a.T, H, K, V, a.reps, strong=True), "kimi_linear chunk_kimi_delta_attention"))
-        cases.append(("mamba2", H, K, V, lambda H=H, K=K, V=V: bench_mamba2(a.T, H, K, V, a.reps), "nemotron_h mamba2_chunk_scan (N=K, P=V)"))
+        cases.append(("gated_deltanet", H, K, V, lambda H=H, K=K, V=V: bench_gdn(a.T, H, K, V, time_fns), "qwen3_5 torch_chunk_gated_delta_rule"))
+        cases.append(("kda", H, K, V, lambda H=H, K=K, V=V: bench_kda(a.T, H, K, V, time_fns), "kimi_linear chunk_kimi_delta_attention"))
+        cases.append(("kda(strong g)", H, K, V, lambda H=H, K=K, V=V: bench_kda(a.T, H, K, V, time_fns, strong=True), "kimi_linear chunk_kimi_delta_attention"))
+        cases.append(("mamba2", H, K, V, lambda H=H, K=K, V=V: bench_mamba2(a.T, H, K, V, time_fns), "nemotron_h mamba2_chunk_scan (N=K, P=V)"))
     for name, H, K, V, fn, ref in cases:
         t, d = fn()
         rows.append(dict(family=name, T=a.T, H=H, K=K, V=V, engine_s=t["engine"], chunk64_s=t["ours64"],

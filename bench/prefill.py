@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from bench.driver import best
+from common.engine.hybrid_engine import HybridEngine
 
 CONFIGS = {
     "qwen3_5_text": dict(
@@ -32,21 +35,7 @@ CONFIGS = {
 }
 
 
-def _timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def bench_arch(arch: str, cfg: dict, tokens: int, repeats: int, workdir: Path) -> dict:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from common.engine.hybrid_engine import HybridEngine
-
     torch.manual_seed(0)
     hf_cfg = AutoConfig.for_model(arch, **cfg)
     hf = AutoModelForCausalLM.from_config(hf_cfg).float().eval()
@@ -63,8 +52,8 @@ def bench_arch(arch: str, cfg: dict, tokens: int, repeats: int, workdir: Path) -
     def run_ours():
         eng.prefill(ids)
 
-    t_hf = _timed(run_hf, repeats)
-    t_ours = _timed(run_ours, repeats)
+    t_hf = best(run_hf, repeats, warm_up=True)[0]
+    t_ours = best(run_ours, repeats, warm_up=True)[0]
     params = sum(p.numel() for p in hf.parameters())
     return dict(arch=arch, params=params, tokens=tokens, transformers_s=t_hf, hypic_s=t_ours,
                 transformers_tok_s=tokens / t_hf, hypic_tok_s=tokens / t_ours, speedup=t_hf / t_ours)

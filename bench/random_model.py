@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
 
 RANDOM_LABEL = "random weights, timing only"
 DEFAULTS = dict(hidden=1024, layers=16, ratio="3:1", intermediate=0, vocab=4096, seed=0)
@@ -58,8 +60,6 @@ def config_kwargs(spec: dict) -> dict:
 
 def save_random_model(spec: str | dict, out_dir: Path, tokenizer_from: Path | None = None) -> Path:
     """Build and save the checkpoint; returns out_dir. Also writes random_model.txt (the spec)."""
-    from transformers import AutoModelForCausalLM, Qwen3_5TextConfig
-
     spec = parse_spec(spec) if isinstance(spec, str) else spec
     torch.manual_seed(spec["seed"])
     cfg = Qwen3_5TextConfig(**config_kwargs(spec))
@@ -80,8 +80,6 @@ def describe(spec: dict) -> str:
 
 
 def n_params(path: Path) -> int:
-    from safetensors import safe_open
-
     total = 0
     for f in Path(path).glob("*.safetensors"):
         with safe_open(str(f), "pt") as st:

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence, Union
 
+import hypic
+from bench.driver import build_workloads, log, send_all, summarize
+
 SegmentLike = Union[str, list[int]]
 
 
@@ -57,8 +60,6 @@ def load_trace(path: Path, default_max_tokens: int) -> list[TraceRequest]:
 
 def workload_requests(args: Any) -> list[TraceRequest]:
     """bench/serve.py's RAG closed-loop requests, as text."""
-    from bench.serve import build_workloads
-
     wl = build_workloads(args)
     return [TraceRequest(i, [" ".join(s) for s in r.segments], " ".join(r.query), args.max_tokens)
             for i, r in enumerate(wl["closed"]["rag"].requests)]
@@ -105,7 +106,7 @@ async def drive(reqs: Sequence[TraceRequest], *, base_url: str = "", address: st
     """Send every request (open loop when any has an arrival time, else closed loop at
     `concurrency`); per-request records in bench/serve.py's shape, and the wall time."""
     if base_url:
-        import openai
+        import openai  # lazily: a test-only extra (pyproject's [test]); only this OpenAI-front run needs it
 
         client: Any = openai.AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key=api_key,
                                          timeout=timeout, max_retries=0)
@@ -113,8 +114,6 @@ async def drive(reqs: Sequence[TraceRequest], *, base_url: str = "", address: st
             model = (await client.models.list()).data[0].id
         one = _http_one
     else:
-        import hypic
-
         client = hypic.AsyncClient(address, timeout=timeout)
         await client.wait_ready(30)
         one = _grpc_one
@@ -142,16 +141,7 @@ async def drive(reqs: Sequence[TraceRequest], *, base_url: str = "", address: st
         records[k] = rec
 
     try:
-        if open_loop:
-            await asyncio.gather(*(run(k, r) for k, r in enumerate(reqs)))
-        else:
-            it = iter(enumerate(reqs))
-
-            async def worker() -> None:
-                for k, r in it:
-                    await run(k, r)
-
-            await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+        await send_all(run, reqs, open_loop, concurrency)
     finally:
         await client.close()
     return records, time.perf_counter() - t0
@@ -159,8 +149,6 @@ async def drive(reqs: Sequence[TraceRequest], *, base_url: str = "", address: st
 
 def main(args: Any, argv: Sequence[str] | None) -> dict:
     """The --base-url / --address run of bench/serve.py."""
-    from bench.serve import log, summarize
-
     reqs = load_trace(args.trace, args.max_tokens) if args.trace else workload_requests(args)
     target = args.base_url or args.address
     log(f"{len(reqs)} requests ({'trace ' + str(args.trace) if args.trace else 'RAG workload'}) "

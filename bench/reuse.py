@@ -13,11 +13,15 @@ import argparse
 import json
 import random
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from bench.driver import best
+from bench.plots import pyplot
+from bench.random_model import RANDOM_LABEL, config_kwargs, describe, parse_spec, save_random_model
+from common.engine.hybrid_engine import HybridEngine
 from common.engine.modes import LABELS, MODES
 
 CONFIG = dict(
@@ -25,15 +29,6 @@ CONFIG = dict(
     num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
     linear_key_head_dim=64, linear_value_head_dim=64,
 )
-
-
-def _best(fn, repeats):
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main(argv=None):
@@ -51,11 +46,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.out = args.out or f"bench/results/reuse{'_random' if args.random_model else ''}.json"
     torch.set_flush_denormal(True)
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from bench.random_model import RANDOM_LABEL, config_kwargs, describe, parse_spec, save_random_model
-    from common.engine.hybrid_engine import HybridEngine
-
     rows = []
     with tempfile.TemporaryDirectory() as d:
         if args.random_model:
@@ -82,18 +72,18 @@ def main(argv=None):
             eng.prefill_segments([docs[i] for i in seen], query, mode="prefix")  # earlier request
             segs = [docs[i] for i in order]
             row = dict(n=n, seg_len=args.seg_len, prompt_tokens=n * args.seg_len + args.query_len)
-            row["full_s"], full = _best(lambda: eng.prefill_segments(segs, query, mode="full"), args.repeats)
-            row["prefix_s"], pre = _best(lambda: eng.prefill_segments(segs, query, mode="prefix"), 1)
-            row["prefix_nothing_cached_s"], _ = _best(lambda: (eng.prefix_cache.clear(), eng.prefill_segments(
+            row["full_s"], full = best(lambda: eng.prefill_segments(segs, query, mode="full"), args.repeats)
+            row["prefix_s"], pre = best(lambda: eng.prefill_segments(segs, query, mode="prefix"), 1)
+            row["prefix_nothing_cached_s"], _ = best(lambda: (eng.prefix_cache.clear(), eng.prefill_segments(
                 segs, query, mode="prefix"))[1], args.repeats)  # the baseline's own overhead over full
             row["prefix_nothing_cached_over_full"] = row["prefix_nothing_cached_s"] / row["full_s"]
             row["prefix_reused_segments"] = pre.extra["reused_segments"]
-            row["additive_s"], _ = _best(
+            row["additive_s"], _ = best(
                 lambda: eng.prefill_segments(segs, query, entries=entries["additive"], mode="additive"), args.repeats)
-            row["hypic_s"], hyp = _best(
+            row["hypic_s"], hyp = best(
                 lambda: eng.prefill_segments(segs, query, entries=entries["hypic"], mode="hypic", seam=args.seam),
                 args.repeats)
-            row["hypic_layer_major_s"], _ = _best(
+            row["hypic_layer_major_s"], _ = best(
                 lambda: eng.prefill_segments(segs, query, entries=entries["hypic"], mode="hypic", seam=args.seam,
                                              order="layer"), args.repeats)
             p, q = torch.log_softmax(full.logits.double(), -1), torch.log_softmax(hyp.logits.double(), -1)
@@ -116,10 +106,7 @@ def main(argv=None):
 
 
 def _plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ns = [r["n"] for r in rows]

@@ -47,13 +47,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import segcache_capacity as cap  # noqa: E402
 from common.mesh.nixl_util import load_nixl  # noqa: E402
 from common.mesh.segcache_client import SegcacheClient  # noqa: E402
 from common.mesh.server import run as run_loop  # noqa: E402
 from services.segcache.config import SegcacheConfig  # noqa: E402
 from services.segcache.remote_tier import unpack  # noqa: E402
 from services.segcache.store import TIER_HOST, SegmentStore  # noqa: E402
-from hypic.launcher import mooncake_missing  # noqa: E402
+from hypic.launcher import MooncakeMaster, find_master_binary, mooncake_missing  # noqa: E402
 
 MiB = 1 << 20
 
@@ -203,8 +204,6 @@ def bench_host(tmp: Path, payloads: dict[int, bytes], reps: int) -> dict[int, di
 
 
 def start_master(tmp: Path):
-    from hypic.launcher import MooncakeMaster, find_master_binary
-
     master = MooncakeMaster(name="mooncake", kind="mooncake", args=[], run_dir=tmp / "run",
                             log_dir=tmp, binary=find_master_binary())
     master.start()
@@ -215,6 +214,7 @@ def start_master(tmp: Path):
 def bench_remote(master_port: int, payloads: dict[int, bytes], reps: int) -> dict[int, dict]:
     """Reads of the entries the segcache server wrote behind to the store, from this process."""
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
+    # lazily, after the bind address is set (read at import), and an optional dependency
     from mooncake.store import MooncakeDistributedStore
 
     store = MooncakeDistributedStore()
@@ -256,19 +256,15 @@ def bench_remote(master_port: int, payloads: dict[int, bytes], reps: int) -> dic
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes-mib", default="1,16,64")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "segcache.json")
-    ap.add_argument("--no-remote", action="store_true", help="skip the Mooncake tier")
-    ap.add_argument("--no-capacity", action="store_true", help="skip the hit-rate-vs-capacity curve")
-    args = ap.parse_args(argv)
-    sizes = [int(float(s) * MiB) for s in args.sizes_mib.split(",")]
-    rng = np.random.default_rng(0)
-    payloads = {n: rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes}
-    load_nixl()
+COLUMNS = [("memcpy", "memcpy_s"), ("host tier", "host_tier_s"), ("lmdb warm", "lmdb_warm_s"),
+           ("lmdb cold", "lmdb_cold_s"), ("mc get_into", "mooncake_get_into_s"),
+           ("remote tier", "remote_tier_s"), ("grpc 1MiB", "grpc_1mib_s"),
+           ("grpc 4MiB", "grpc_4mib_s"), ("nixl", "nixl_s"), ("nixl+verify", "nixl_verify_s")]
 
+
+def measure(sizes: list[int], payloads: dict[int, bytes], args) -> tuple[dict, dict, dict, dict, str]:
+    """Every tier's reads: (through the service, LMDB in process, host tier in process, Mooncake,
+    why Mooncake was not measured or "")."""
     why_no_remote = "--no-remote" if args.no_remote else mooncake_missing()
     if why_no_remote:
         print(f"no Mooncake tier: {why_no_remote}")
@@ -297,31 +293,35 @@ def main(argv: list[str] | None = None) -> int:
                 master.stop(5)
         disk = bench_lmdb(tmp, payloads, args.reps)
         host = bench_host(tmp, payloads, args.reps)
+    return svc, disk, host, remote, why_no_remote
 
+
+def table(sizes: list[int], reads: dict[int, dict], reps: int) -> list[dict]:
+    """Per size, seconds and GB/s of every column measured; printed as a table."""
     rows = []
-    cols = [("memcpy", "memcpy_s"), ("host tier", "host_tier_s"), ("lmdb warm", "lmdb_warm_s"),
-            ("lmdb cold", "lmdb_cold_s"), ("mc get_into", "mooncake_get_into_s"),
-            ("remote tier", "remote_tier_s"), ("grpc 1MiB", "grpc_1mib_s"),
-            ("grpc 4MiB", "grpc_4mib_s"), ("nixl", "nixl_s"), ("nixl+verify", "nixl_verify_s")]
     for size in sizes:
-        r = {**svc[size], **disk[size], **host[size], **remote.get(size, {})}
+        r = reads[size]
         row = {"size_bytes": size}
-        for name, k in cols:
+        for name, k in COLUMNS:
             if k in r:
                 row[k.replace("_s", "_gbps")] = round(gbps(size, r[k]), 3)
                 row[k] = round(r[k], 6)
         rows.append(row)
 
-    head = f"{'size':>8} " + " ".join(f"{n:>12}" for n, _ in cols)
-    print("GB/s (10^9 bytes/s), median of", args.reps)
+    head = f"{'size':>8} " + " ".join(f"{n:>12}" for n, _ in COLUMNS)
+    print("GB/s (10^9 bytes/s), median of", reps)
     print(head)
     for row in rows:
         cells = []
-        for _, k in cols:
+        for _, k in COLUMNS:
             g = row.get(k.replace("_s", "_gbps"))
             cells.append(f"{g:>12.3f}" if g is not None else f"{'-':>12}")
         print(f"{row['size_bytes'] // MiB:>6}Mi " + " ".join(cells))
+    return rows
 
+
+def ratios_note(rows: list[dict], disk: dict, why_no_remote: str) -> tuple[dict, str]:
+    """The largest size's ratios between tiers, and the sentence that reports them."""
     big = rows[-1]
     ratios = {}
     if "nixl_gbps" in big:
@@ -344,6 +344,25 @@ def main(argv: list[str] | None = None) -> int:
               "(common.engine.checksum); Mooncake moved the bytes over TCP on 127.0.0.1 from the "
               "segcache process's segment"
             + (f" (not measured: {why_no_remote})" if why_no_remote else "") + ".")
+    return ratios, note
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes-mib", default="1,16,64")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "segcache.json")
+    ap.add_argument("--no-remote", action="store_true", help="skip the Mooncake tier")
+    ap.add_argument("--no-capacity", action="store_true", help="skip the hit-rate-vs-capacity curve")
+    args = ap.parse_args(argv)
+    sizes = [int(float(s) * MiB) for s in args.sizes_mib.split(",")]
+    rng = np.random.default_rng(0)
+    payloads = {n: rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in sizes}
+    load_nixl()
+    svc, disk, host, remote, why_no_remote = measure(sizes, payloads, args)
+    reads = {size: {**svc[size], **disk[size], **host[size], **remote.get(size, {})} for size in sizes}
+    rows = table(sizes, reads, args.reps)
+    ratios, note = ratios_note(rows, disk, why_no_remote)
     print()
     print(note)
     print(f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
@@ -356,8 +375,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
     if not args.no_capacity:
-        from bench import segcache_capacity as cap
-
         cap_args = argparse.Namespace(model="", corpus=400, doc_tokens=[128, 2048], k=[4, 32],
                                       zipf_s=1.0, max_prompt_tokens=4096, requests=3000,
                                       warm=500, seed=0)

@@ -6,7 +6,7 @@ The RAG trace of bench/workloads.py (a Zipf-popular corpus, 4-32 documents per r
 the prompt budget) is replayed against k simulated host tiers: each document's key is placed on
 its instance by the clients' own rendezvous hashing (common/mesh/segcache_ring.owner) and each
 instance evicts with segcache's own GDSF policy (services/segcache/policy.py) within its budget.
-An entry's size is the bundled model's state for the document's tokens (bench.serve.Encoder:
+An entry's size is the bundled model's state for the document's tokens (bench.driver.Encoder:
 full-attention KV + recurrent and conv state) and its cost its tokens (recompute is linear).
 
 The capacity axis is one instance's budget as a fraction of the corpus's entry bytes; k instances
@@ -29,7 +29,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import workloads as W  # noqa: E402
+from bench.driver import Encoder  # noqa: E402
+from bench.plots import pyplot  # noqa: E402
 from common.mesh.segcache_ring import owner  # noqa: E402
+from hypic.launcher import DEFAULT_MODEL  # noqa: E402
 from services.segcache.policy import make_policy  # noqa: E402
 
 INSTANCES = (1, 2, 4)
@@ -89,9 +92,6 @@ def replay(trace: W.Trace, sizes: dict[int, int], n_instances: int, capacity: in
 
 
 def run(args: argparse.Namespace) -> dict:
-    from bench.serve import Encoder
-    from hypic.launcher import DEFAULT_MODEL
-
     enc = Encoder(Path(args.model) if args.model else DEFAULT_MODEL)
     corpus = W.make_corpus(args.corpus, tuple(args.doc_tokens), seed=args.seed * 1000 + 1)
     pop = W.Popularity(len(corpus), args.zipf_s, seed=args.seed * 1000 + 3)
@@ -127,9 +127,7 @@ def table(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
     for k in INSTANCES:

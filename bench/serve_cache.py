@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import workloads as W  # noqa: E402
-from bench.serve import Encoder, drive, log, pct  # noqa: E402
+from bench.driver import Encoder, drive, log, pct  # noqa: E402
+from common.engine.hybrid_engine import HybridEngine  # noqa: E402
 from hypic.launcher import DEFAULT_MODEL, Mesh  # noqa: E402
 
 MiB = 1 << 20
@@ -56,8 +57,6 @@ SEAM = 8
 
 def entry_line(model: Path) -> tuple[float, float]:
     """(bytes at 0 tokens, bytes per token) of a serialized entry, from two real entries."""
-    from common.engine.hybrid_engine import HybridEngine
-
     engine = HybridEngine.from_pretrained(model)
     sizes = {n: len(engine.build_entry([1 + i % 300 for i in range(n)], seam=SEAM).to_bytes())
              for n in (64, 512)}

@@ -1,4 +1,4 @@
-"""The combine's transfer step per MB of entry, before and after issue #13 item 2.
+"""The combine's transfer step per MB of entry, before and after "one check per byte, no copies".
 
     python -m bench.transfer [--sizes-mib 4,30] [--reps 9] [--out bench/results/transfer.json]
 
@@ -34,10 +34,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import xxhash
+from safetensors.torch import load as st_load
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.driver import best  # noqa: E402
 from bench.segcache import start_server  # noqa: E402
 from common.engine.checksum import checksum  # noqa: E402
 from common.engine.pic.entry import AttentionBody, LinearBody, SegmentEntry  # noqa: E402
@@ -47,8 +50,6 @@ MiB = 1 << 20
 
 
 def hash_speeds(nbytes: int = 64 * MiB, reps: int = 5) -> dict[str, float]:
-    import xxhash
-
     buf = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
     mv, raw = memoryview(buf), bytes(memoryview(buf))
     fns = {
@@ -58,22 +59,16 @@ def hash_speeds(nbytes: int = 64 * MiB, reps: int = 5) -> dict[str, float]:
         "memcpy": lambda: bytearray(mv),
     }
     try:
-        import google_crc32c
+        import google_crc32c  # optional: the row is left out without it
 
         fns["crc32c"] = lambda: google_crc32c.value(raw)
     except ImportError:
         pass
     out = {}
     for name, fn in fns.items():
-        best = min(_timed(fn) for _ in range(reps))
-        out[name] = round(nbytes / best / 1e9, 2)
+        fastest = best(fn, reps)[0]
+        out[name] = round(nbytes / fastest / 1e9, 2)
     return out
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
 
 
 def synthetic_entry(nbytes: int, seed: int) -> SegmentEntry:
@@ -95,9 +90,7 @@ def synthetic_entry(nbytes: int, seed: int) -> SegmentEntry:
 
 
 def old_from_bytes(data: bytes) -> SegmentEntry:
-    """from_bytes before #13: blake2b of the payload, then safetensors' copying load."""
-    from safetensors.torch import load as st_load
-
+    """from_bytes before "one check per byte, no copies": blake2b of the payload, then safetensors' copying load."""
     n = int.from_bytes(data[4:8], "little")
     payload = data[8 + n: -16]
     hashlib.blake2b(payload, digest_size=16).hexdigest()

@@ -24,12 +24,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import time
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bench.driver import CLOCKS, add_clock_arg, best_of
+from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model
+from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic.build import build_entry
+from common.engine.pic.reference import build_entry_reference
 from kernels.compose import compose_batched, stack_summaries
 from kernels.linear_attn import (
     DELTA_FAMILIES,
@@ -59,27 +64,6 @@ def make_inputs(family, T, H, K, V, gen):
     return q, k, v, g, beta
 
 
-CLOCK = {"cpu": time.process_time, "wall": time.perf_counter}
-_clock = time.process_time
-
-
-def best_of(fns: dict, reps: int, ratios: tuple = ()) -> dict:
-    """Best time of each callable over ``reps`` interleaved rounds, plus, for every (a, b) in
-    ``ratios``, the median over rounds of the paired ratio t_a / t_b (robust to slow load drift)."""
-    for f in fns.values():
-        f()
-    runs = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, f in fns.items():
-            t0 = _clock()
-            f()
-            runs[name].append(_clock() - t0)
-    out = {name: min(ts) for name, ts in runs.items()}
-    for x, y in ratios:
-        out[f"{x}/{y}"] = statistics.median(tx / ty for tx, ty in zip(runs[x], runs[y]))
-    return out
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--families", nargs="+", default=list(FAMILIES))
@@ -98,11 +82,8 @@ def main(argv=None):
     ap.add_argument("--model-reps", type=int, default=5)
     ap.add_argument("--skip-kernels", action="store_true", help="model-level rows only")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--clock", choices=sorted(CLOCK), default="cpu",
-                    help="cpu: process CPU time (robust when other jobs share the cores; use with 1 thread)")
+    add_clock_arg(ap)
     a = ap.parse_args(argv)
-    global _clock
-    _clock = CLOCK[a.clock]
     torch.set_num_threads(a.threads)
     torch.set_flush_denormal(True)
     gen = torch.Generator().manual_seed(0)
@@ -115,7 +96,7 @@ def main(argv=None):
         prefill_with_summary(fam, q, k, v, g=g, beta=beta)
         linear_attention(fam, q, k, v, g=g, beta=beta)
     model_rows = model_level(a)
-    rows, comp_rows = [], []
+    rows = []
     if a.skip_kernels:
         a.families = []
     hdr = f"{'family':<15}{'T':>6}{'prefill ms':>12}{'fused ms':>10}{'summary ms':>12}{'fused ovh':>11}{'summ/prefill':>14}"
@@ -129,7 +110,8 @@ def main(argv=None):
                 "fused": lambda: prefill_with_summary(fam, q, k, v, g=g, beta=beta),
                 "summary": lambda: segment_summary(fam, k, v, g=g, beta=beta),
             }
-            t = best_of(fns, a.reps, ratios=(("fused", "prefill"), ("summary", "prefill")))
+            t = best_of(fns, a.reps, ratios=(("fused", "prefill"), ("summary", "prefill")),
+                        clock=CLOCKS[a.clock])
             row = dict(family=fam, T=T, H=H, K=K, V=V, prefill_s=t["prefill"], fused_s=t["fused"],
                        summary_s=t["summary"], fused_overhead=t["fused/prefill"] - 1,
                        summary_over_prefill=t["summary/prefill"])
@@ -137,6 +119,21 @@ def main(argv=None):
             print(f"{fam:<15}{T:>6}{t['prefill']*1e3:>12.2f}{t['fused']*1e3:>10.2f}{t['summary']*1e3:>12.2f}"
                   f"{100*row['fused_overhead']:>10.1f}%{100*row['summary_over_prefill']:>13.1f}%")
 
+    comp_rows = compose_rows(a, gen)
+    if a.json:
+        os.makedirs(os.path.dirname(a.json), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(dict(torch=torch.__version__, threads=torch.get_num_threads(), clock=a.clock, H=H, K=K, V=V,
+                           loadavg=os.getloadavg()[0], build=rows, compose=comp_rows, model_build=model_rows),
+                      f, indent=1)
+        print(f"\nwrote {a.json}")
+    return rows, comp_rows
+
+
+def compose_rows(a, gen: torch.Generator) -> list[dict]:
+    """Composing n cached segments' summaries (one layer) vs prefilling their tokens, per family."""
+    H, K, V = a.H, a.K, a.V
+    comp_rows = []
     n, L = a.n_compose, a.compose_seg_len
     print(f"\ncompose n={n} cached segments of {L} tokens (one layer, {H} heads) vs prefilling their {n*L} tokens")
     hdr2 = f"{'family':<15}{'form':>8}{'compose ms':>12}{'per seg us':>12}{'prefill ms':>12}{'speedup':>10}"
@@ -151,32 +148,17 @@ def main(argv=None):
         t = best_of({
             "compose": lambda: compose_batched(Ts, Ss, S_in, form=form),
             "prefill": lambda: linear_attention(fam, q, k, v, g=g, beta=beta),
-        }, a.reps)
+        }, a.reps, clock=CLOCKS[a.clock])
         r = dict(family=fam, form=form, n=n, seg_len=L, compose_s=t["compose"], prefill_s=t["prefill"],
                  speedup=t["prefill"] / t["compose"])
         comp_rows.append(r)
         print(f"{fam:<15}{form:>8}{t['compose']*1e3:>12.3f}{t['compose']/n*1e6:>12.1f}{t['prefill']*1e3:>12.1f}"
               f"{r['speedup']:>9.0f}x")
-    if a.json:
-        os.makedirs(os.path.dirname(a.json), exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump(dict(torch=torch.__version__, threads=torch.get_num_threads(), clock=a.clock, H=H, K=K, V=V,
-                           loadavg=os.getloadavg()[0], build=rows, compose=comp_rows, model_build=model_rows),
-                      f, indent=1)
-        print(f"\nwrote {a.json}")
-    return rows, comp_rows
+    return comp_rows
 
 
 def model_level(a) -> list[dict]:
     """build_entry (fused) and build_entry_reference vs a plain prefill, per model and length."""
-    import tempfile
-    from pathlib import Path
-
-    from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model
-    from common.engine.hybrid_engine import HybridEngine
-    from common.engine.pic.build import build_entry
-    from common.engine.pic.reference import build_entry_reference
-
     models = [(a.model, Path(a.model).name)] if a.model else []
     tmp = tempfile.TemporaryDirectory()
     if a.random_model:
@@ -196,7 +178,8 @@ def model_level(a) -> list[dict]:
                 "build": lambda: build_entry(eng, ids, 8),
                 "reference": lambda: build_entry_reference(eng, ids, 8),
             }
-            t = best_of(fns, a.model_reps, ratios=(("build", "prefill"), ("reference", "prefill")))
+            t = best_of(fns, a.model_reps, ratios=(("build", "prefill"), ("reference", "prefill")),
+                        clock=CLOCKS[a.clock])
             row = dict(model=label, random_weights=RANDOM_LABEL in label, T=T, seam=8, prefill_s=t["prefill"],
                        build_s=t["build"], reference_s=t["reference"], build_overhead=t["build/prefill"] - 1,
                        reference_overhead=t["reference/prefill"] - 1)

@@ -1,6 +1,7 @@
-"""bench.report: the README's results section is what the committed JSON renders to, and it shows
-the mid-size random-weight model's RAG ratios and the warm-path anatomy beside the bundled model's,
-and the cold path from bench.cold's replay (cold_runs.json) with its bound computed, not typed."""
+"""bench.report: docs/results.md and the README's short results section are what the committed JSON
+renders to; the full results show the mid-size random-weight model's RAG ratios and the warm-path
+anatomy beside the bundled model's, and the cold path from bench.cold's replay (cold_runs.json) with
+its bound computed, not typed; the README's table names the published source it compares with."""
 from __future__ import annotations
 
 import copy
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import cold as C
+from bench import cold_model as C
 from bench import report
 from bench.random_model import RANDOM_LABEL
 
@@ -19,6 +20,21 @@ RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 
 def test_readme_results_are_what_the_json_renders_to() -> None:
     assert report.main(["--check"]) == 0
+
+
+def test_readme_section_is_the_headline_table_and_links_the_full_results() -> None:
+    serve, cold, rnd, anatomy, replay = report.load(RESULTS)
+    section = report.readme_section(serve, cold, rnd, anatomy, replay)
+    assert section.startswith(report.START) and section.endswith(report.END)
+    assert len(section.splitlines()) <= 20
+    assert "[docs/results.md](docs/results.md)" in section.splitlines()[-2]
+    assert report.PAPER in section and "HYPIC: Accelerating Hybrid-Attention LLM Serving" in report.PAPER
+    bundled = serve["headline"]["ttft_p50_ratio_hypic_vs_prefix"]
+    assert f"| TTFT p50, hypic vs prefix cache (RAG, bundled model) | {bundled:.2f}× | 3.25× |" in section
+    for row in anatomy["models"]:
+        assert f"| {row['ttft_over_floor']:.2f}× |" in section
+    full = report.render(serve, cold, rnd, anatomy, replay)
+    assert report.START not in full and "](bench/results/" not in full  # links from docs/ go up a level
 
 
 def test_section_shows_both_models_ratios() -> None:
@@ -44,16 +60,20 @@ def test_optional_results_are_left_out_when_absent(tmp_path: Path) -> None:
     assert (cold, rnd, anatomy, replay) == (None, None, None, None)
     section = report.render(serve, cold, rnd, anatomy, replay)
     assert RANDOM_LABEL not in section and "### Warm path" not in section
-    readme = tmp_path / "README.md"
+    readme, doc = tmp_path / "README.md", tmp_path / "results.md"
     readme.write_text("# title\n")
-    assert report.main(["--results", str(tmp_path), "--readme", str(readme)]) == 0
+    paths = ["--results", str(tmp_path), "--readme", str(readme), "--doc", str(doc)]
+    assert report.main(paths) == 0
     text = readme.read_text()
     assert text.startswith("# title\n") and report.START in text and report.END in text
-    assert report.main(["--results", str(tmp_path), "--readme", str(readme), "--check"]) == 0
+    assert doc.read_text() == section
+    assert report.main(paths + ["--check"]) == 0
     data = json.loads((tmp_path / "serve.json").read_text())
     data["headline"]["ttft_p50_ratio_hypic_vs_prefix"] += 1.0
     (tmp_path / "serve.json").write_text(json.dumps(data))
-    assert report.main(["--results", str(tmp_path), "--readme", str(readme), "--check"]) == 1
+    assert report.main(paths + ["--check"]) == 1
+    doc.write_text(report.render(*report.load(tmp_path)))  # the README's table is stale too
+    assert report.main(paths + ["--check"]) == 1
 
 
 def test_command_shown_without_its_output_path() -> None:
@@ -95,9 +115,12 @@ def test_cold_section_renders_the_replay_from_its_json(tmp_path: Path) -> None:
     closing = f"| cold speedup, m = {top}, 32k-token request, LPT (**simulated** arrivals, **replayed** combine) |"
     assert f"{closing} 7.77×" in after
     assert "would reach **8.88×**" in after and "| the same with a combine costing nothing (bound) | 8.88×" in after
-    readme = d / "README.md"
-    readme.write_text(report.splice("# t\n", before))
-    assert report.main(["--results", str(d), "--readme", str(readme), "--check"]) == 1
+    readme, doc = d / "README.md", d / "results.md"
+    readme.write_text(report.splice("# t\n", report.readme_section(*report.load(d))))
+    doc.write_text(before)
+    assert report.main(["--results", str(d), "--readme", str(readme), "--doc", str(doc), "--check"]) == 1
+    doc.write_text(after)
+    assert report.main(["--results", str(d), "--readme", str(readme), "--doc", str(doc), "--check"]) == 0
 
 
 def assert_same_figures(got, want, where: str = "") -> None:
@@ -118,7 +141,7 @@ def assert_same_figures(got, want, where: str = "") -> None:
 
 
 def test_cold_bound_is_the_arithmetic_of_the_replay() -> None:
-    """bench.cold.reprice recomputes the committed TTFTs, speedups and bound exactly from the
+    """bench.cold_model.reprice recomputes the committed TTFTs, speedups and bound exactly from the
     replayed passes; the bound is overhead + last arrival + query, never above a replayed TTFT;
     the paragraph's 'longest build alone' holds."""
     replay = json.loads((RESULTS / "cold_runs.json").read_text())
@@ -160,5 +183,5 @@ def test_cold_section_without_replay_keeps_the_in_order_simulation(tmp_path: Pat
     serve, cold, rnd, anatomy, replay = report.load(d)
     assert replay is None and cold is not None
     section = report.render(serve, cold, rnd, anatomy, replay)
-    assert "![cold path](bench/results/cold.png)" in section and "cold_runs" not in section
+    assert "![cold path](../bench/results/cold.png)" in section and "cold_runs" not in section
     assert f"LPT (**simulated**) | {serve['headline']['sim_speedup']['lpt']:.2f}×" in section

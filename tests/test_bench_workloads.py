@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from bench import cold as C
+from bench import cold_model as C
 from bench import workloads as W
 from bench.quality import tasks as T
 
@@ -149,7 +149,7 @@ def test_skewed_lengths_and_partitionings():
 
 
 def test_qps_at_slo_interpolation():
-    from bench.serve import qps_at_slo
+    from bench.driver import qps_at_slo
 
     pts = [dict(rate=1.0, ttft_p90_s=0.5), dict(rate=2.0, ttft_p90_s=0.9), dict(rate=3.0, ttft_p90_s=1.9)]
     q = qps_at_slo(pts, 1.4, unloaded_p90_s=0.3)
@@ -165,7 +165,7 @@ def test_qps_at_slo_interpolation():
 def test_prefix_replay_counts_segment_aligned_prefixes(tmp_path):
     import json
 
-    from bench.serve import Encoder, PrefixReplay
+    from bench.driver import Encoder, PrefixReplay
 
     (tmp_path / "config.json").write_text(json.dumps(dict(
         vocab_size=512, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],

@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import sys
 import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+from bench.plots import pyplot
 from bench.quality import tasks as T
+from common.engine.hybrid_engine import HybridEngine
 from common.engine.modes import LABELS
 from common.engine.modes import MODES as PREFILL_MODES
 
@@ -44,8 +48,6 @@ DETAIL = 50  # prompts per task whose predictions and margins are stored (what t
 
 
 def load_engine(model: Path):
-    from common.engine.hybrid_engine import HybridEngine
-
     return HybridEngine.from_pretrained(model, dtype=torch.float32, device="cpu")
 
 
@@ -134,8 +136,6 @@ def evaluate(model: Path, n: int, tasks=T.TASKS, modes=MODES, order: str = "laye
              threads: int = 1, progress: bool = True, chunk: int = 25) -> dict:
     """Run every prompt of every task in every mode (in `workers` processes: the numbers do not
     depend on how the prompts are split)."""
-    from tqdm import tqdm
-
     jobs = [(t, a, min(a + chunk, n), tuple(modes), order) for t in tasks for a in range(0, n, chunk)]
     t0 = time.perf_counter()
     bar = tqdm(total=n * len(tasks), disable=not progress, mininterval=10, file=sys.stdout, ncols=100)
@@ -146,8 +146,6 @@ def evaluate(model: Path, n: int, tasks=T.TASKS, modes=MODES, order: str = "laye
             results.append(_run_chunk(job))
             bar.update(job[2] - job[1])
     else:
-        import multiprocessing as mp
-
         with mp.get_context("spawn").Pool(workers, _worker_init, (str(model), threads)) as pool:
             for job, r in zip(jobs, pool.imap(_run_chunk, jobs)):
                 results.append(r)
@@ -208,10 +206,7 @@ def markdown_table(res: dict) -> str:
 
 
 def plot(res: dict, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(10, 4.8))
     xs = list(range(len(SEAMS)))

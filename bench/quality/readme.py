@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 
 from bench import results_json
@@ -30,8 +31,6 @@ def _rel(x: float, ref: float) -> str:
 
 def _majority(task: str, n: int) -> float:
     """Accuracy of always giving the most frequent answer of the evaluation prompts."""
-    from collections import Counter
-
     c = Counter(tuple(T.eval_prompt(task, i)[1].answer) for i in range(n))
     return 100.0 * c.most_common(1)[0][1] / n
 
@@ -97,15 +96,15 @@ def _docs(level: tuple, which: int = 0) -> str:
 
 
 def render(model_dir: Path, results_dir: Path) -> str:
-    cur = T.Curriculum()
     log = json.loads((model_dir / "training_log.json").read_text())
     cfg = json.loads((model_dir / "config.json").read_text())
     q = results_json.load(results_dir / "quality.json")
-    acc, d = q["accuracy"], q["delta_vs_full"]
-    last = log["evals"][-1] if log["evals"] else {}
+    return "\n".join(_model_lines(cfg, log) + _training_lines(log) + _quality_lines(q, log))
+
+
+def _model_lines(cfg: dict, log: dict) -> list[str]:
     kinds = ["L" if t == "linear_attention" else "F" for t in cfg["layer_types"]]
-    toks = {t: round(v["mean"]) for t, v in q["prompt_tokens"].items()}
-    lines = [
+    return [
         "# hypic-tiny-qwen35",
         "",
         "A tiny Qwen3.5-architecture hybrid (Gated DeltaNet + gated full attention) trained from scratch",
@@ -127,6 +126,13 @@ def render(model_dir: Path, results_dir: Path) -> str:
         f"- {log['n_params']:,} parameters, vocabulary {cfg['vocab_size']} (WordLevel `tokenizer.json`, trained with",
         "  `tokenizers` on the generator's language; `AutoTokenizer.from_pretrained` loads it)",
         "",
+    ]
+
+
+def _training_lines(log: dict) -> list[str]:
+    cur = T.Curriculum()
+    last = log["evals"][-1] if log["evals"] else {}
+    lines = [
         "## Training",
         "",
         f"{log['steps']} steps in all, {log['tokens'] / 1e6:.1f}M tokens, {log['wall_s'] / 60:.1f} min of training.",
@@ -158,6 +164,13 @@ def render(model_dir: Path, results_dir: Path) -> str:
             + ", ".join(f"{t} {100 * last[t]:.1f}%" for t in T.TASKS if t in last) + ".",
             "",
         ]
+    return lines
+
+
+def _quality_lines(q: dict, log: dict) -> list[str]:
+    acc, d = q["accuracy"], q["delta_vs_full"]
+    toks = {t: round(v["mean"]) for t, v in q["prompt_tokens"].items()}
+    lines: list[str] = []
     lines += [
         "## Quality (exact match through `HybridEngine.prefill_segments` and greedy decoding)",
         "",
@@ -198,7 +211,7 @@ def render(model_dir: Path, results_dir: Path) -> str:
         "```",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv=None) -> int:

@@ -319,6 +319,7 @@ def corpus(n: int = 3000, seed: int = 1):
 def train_tokenizer(out_dir: Path | str):
     """A WordLevel tokenizer trained with `tokenizers` on generated text, saved so that
     `AutoTokenizer.from_pretrained(out_dir)` loads it."""
+    # lazily: every benchmark imports this module (through bench.workloads); only training needs these
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

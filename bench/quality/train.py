@@ -40,7 +40,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
+from transformers import AutoTokenizer, Qwen3_5ForCausalLM, Qwen3_5TextConfig
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
+from bench.plots import pyplot
 from bench.quality import tasks as T
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,8 +61,6 @@ MODEL_CONFIG = dict(
 
 
 def build_model(vocab_size: int, special: dict[str, int], seed: int):
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
     torch.manual_seed(seed)
     cfg = Qwen3_5TextConfig(vocab_size=vocab_size, pad_token_id=special["<pad>"], eos_token_id=special["<eos>"],
                             bos_token_id=special["<doc>"], **MODEL_CONFIG)
@@ -71,8 +73,6 @@ def build_model(vocab_size: int, special: dict[str, int], seed: int):
 def gate_init(model, seed: int) -> None:
     """Mamba2-style init of every Gated DeltaNet's decay gate (transformers' default leaves the
     per-token decay near zero in most heads, and the model never learns to retrieve)."""
-    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
-
     g = torch.Generator().manual_seed(seed + 1)
     for m in model.modules():
         if isinstance(m, Qwen3_5GatedDeltaNet):
@@ -151,10 +151,7 @@ def save_checkpoint(path: Path, model, opt, state: dict) -> None:
 
 
 def plot_curve(history: list[dict], evals: list[dict], out: Path, stage_steps: list[int] = ()) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     steps = [h["step"] for h in history]
@@ -231,7 +228,7 @@ def export(model, tokenizer, out: Path, state: dict, args, command: str) -> None
     plot_curve(history, evals, out / "loss_curve.png", [s["steps"] for s in stages])
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch", type=int, default=16)
@@ -257,25 +254,80 @@ def main(argv=None) -> int:
     ap.add_argument("--max-minutes", type=float, default=60.0, help="stop (and export) after this much training time")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
+    if args.init and not (args.init / "tokenizer.json").exists():  # never write into a stage's checkpoint
+        ap.error(f"--init {args.init}: no tokenizer.json there (not a checkpoint this script wrote)")
+    return args
 
+
+def load_model(args, tokenizer, ids: dict[str, int]):
+    """The model a stage starts from: --init's checkpoint, or a fresh one."""
+    if args.init:
+        return Qwen3_5ForCausalLM.from_pretrained(str(args.init), dtype=torch.float32)
+    return build_model(len(tokenizer), {w: ids[w] for w in T.SPECIALS}, args.seed)
+
+
+def task_mix(args) -> dict[str, float] | None:
+    """--mix's task weights for every level, or None: the curriculum's."""
+    if not args.mix:
+        return None
+    mix = {t: 0.0 for t in T.TASKS}
+    for item in args.mix:
+        task, w = item.split("=")
+        mix[task] = float(w)
+    return mix
+
+
+def train_step(model, opt, args, state: dict, cur: T.Curriculum, ids: dict[str, int], dev, offset: int):
+    """One optimizer step at the curriculum's level; updates `state` (history, level). Returns
+    (loss, accuracy per task of this batch's answers)."""
+    step = state["step"]
+    mix = state["mix"]
+    t0 = time.perf_counter()
+    level = cur.level(state["level"], step / args.steps) if args.level is None else args.level
+    if level != state["level"]:
+        state["level"], state["level_steps"], state["acc_ema"] = level, 0, 0.0
+        print(f"\n[curriculum] step {step}: level {level} {cur.levels[level]}", flush=True)
+    x, pos, ans, task, ntok = make_batch(args.seed, step, args.batch, level, ids, cur, mix or cur.mix(level))
+    x, pos, ans = x.to(dev), pos.to(dev), ans.to(dev)
+    for grp in opt.param_groups:
+        grp["lr"] = lr_at(step, args.steps, args.lr)
+    logits = answer_logits(model, x, pos)
+    loss = F.cross_entropy(logits.float(), ans)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    hit = (logits.argmax(-1) == ans).cpu()
+    per_task = {t: float(hit[task == i].float().mean()) if (task == i).any() else None
+                for i, t in enumerate(T.TASKS)}
+    state["wall_s"] += time.perf_counter() - t0
+    state["tokens"] += ntok
+    state["step"] = step + 1
+    state["history"].append({"step": offset + step + 1, "loss": float(loss.detach()), "wall_s": round(state["wall_s"], 2),
+                             "gnorm": float(gnorm), **{f"acc_{t}": a for t, a in per_task.items()}})
+    # move up a level once the promotion task is answered at this one (EMA of the per-token accuracy)
+    if per_task[args.promote_task] is not None:
+        state["acc_ema"] = 0.9 * state["acc_ema"] + 0.1 * per_task[args.promote_task]
+    state["level_steps"] += 1
+    if (state["acc_ema"] >= args.promote_at and state["level_steps"] >= 20
+            and state["level"] < len(cur.levels) - 1):
+        state["level"], state["level_steps"], state["acc_ema"] = state["level"] + 1, 0, 0.0
+        print(f"\n[curriculum] step {step + 1}: level {state['level']} {cur.levels[state['level']]}", flush=True)
+    state["history"][-1]["level"] = level
+    return float(loss.detach()), per_task
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
     args.work.mkdir(parents=True, exist_ok=True)
     tok_dir = args.init if args.init else args.work / "tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
-        if args.init:  # never write into the checkpoint a stage starts from
-            ap.error(f"--init {args.init}: no tokenizer.json there (not a checkpoint this script wrote)")
         T.train_tokenizer(tok_dir)
-    from transformers import AutoTokenizer
-
     tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
     ids = T.word_ids(tokenizer)
-    if args.init:
-        from transformers import Qwen3_5ForCausalLM
-
-        model = Qwen3_5ForCausalLM.from_pretrained(str(args.init), dtype=torch.float32)
-    else:
-        model = build_model(len(tokenizer), {w: ids[w] for w in T.SPECIALS}, args.seed)
+    model = load_model(args, tokenizer, ids)
     prior = prior_stages(args.init)  # read now: --out may be --init and is overwritten at the end
     n_params = sum(p.numel() for p in model.parameters())
     dev = torch.device(args.device)
@@ -293,55 +345,14 @@ def main(argv=None) -> int:
         print(f"resumed from {ckpt} at step {state['step']} ({state['wall_s'] / 60:.1f} min)", flush=True)
     print(f"model: {n_params:,} parameters, vocab {len(tokenizer)}, layers {MODEL_CONFIG['layer_types']}", flush=True)
     cur = T.Curriculum()
-    mix = None  # the curriculum's, unless --mix sets one for every level
-    if args.mix:
-        mix = {t: 0.0 for t in T.TASKS}
-        for item in args.mix:
-            task, w = item.split("=")
-            mix[task] = float(w)
-    state["mix"] = mix
+    state["mix"] = task_mix(args)  # the curriculum's, unless --mix sets one for every level
     offset = sum(s["steps"] for s in state["prior"]["stages"])  # steps of earlier stages, for the log
-
-    from tqdm import tqdm
-
     bar = tqdm(total=args.steps, initial=state["step"], mininterval=20, file=sys.stdout, dynamic_ncols=False,
                ncols=110)
     ema = None
     while state["step"] < args.steps and state["wall_s"] < args.max_minutes * 60:
-        step = state["step"]
-        t0 = time.perf_counter()
-        level = cur.level(state["level"], step / args.steps) if args.level is None else args.level
-        if level != state["level"]:
-            state["level"], state["level_steps"], state["acc_ema"] = level, 0, 0.0
-            print(f"\n[curriculum] step {step}: level {level} {cur.levels[level]}", flush=True)
-        x, pos, ans, task, ntok = make_batch(args.seed, step, args.batch, level, ids, cur, mix or cur.mix(level))
-        x, pos, ans = x.to(dev), pos.to(dev), ans.to(dev)
-        for grp in opt.param_groups:
-            grp["lr"] = lr_at(step, args.steps, args.lr)
-        logits = answer_logits(model, x, pos)
-        loss = F.cross_entropy(logits.float(), ans)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        hit = (logits.argmax(-1) == ans).cpu()
-        per_task = {t: float(hit[task == i].float().mean()) if (task == i).any() else None
-                    for i, t in enumerate(T.TASKS)}
-        state["wall_s"] += time.perf_counter() - t0
-        state["tokens"] += ntok
-        state["step"] = step + 1
-        state["history"].append({"step": offset + step + 1, "loss": float(loss.detach()), "wall_s": round(state["wall_s"], 2),
-                                 "gnorm": float(gnorm), **{f"acc_{t}": a for t, a in per_task.items()}})
-        # move up a level once the promotion task is answered at this one (EMA of the per-token accuracy)
-        if per_task[args.promote_task] is not None:
-            state["acc_ema"] = 0.9 * state["acc_ema"] + 0.1 * per_task[args.promote_task]
-        state["level_steps"] += 1
-        if (state["acc_ema"] >= args.promote_at and state["level_steps"] >= 20
-                and state["level"] < len(cur.levels) - 1):
-            state["level"], state["level_steps"], state["acc_ema"] = state["level"] + 1, 0, 0.0
-            print(f"\n[curriculum] step {step + 1}: level {state['level']} {cur.levels[state['level']]}", flush=True)
-        state["history"][-1]["level"] = level
-        ema = float(loss.detach()) if ema is None else 0.95 * ema + 0.05 * float(loss.detach())
+        loss, per_task = train_step(model, opt, args, state, cur, ids, dev, offset)
+        ema = loss if ema is None else 0.95 * ema + 0.05 * loss
         bar.set_postfix_str(f"loss {ema:.3f} " + " ".join(f"{t[:4]} {a:.2f}" for t, a in per_task.items() if a is not None)
                             + f" {state['tokens'] / max(state['wall_s'], 1e-9):.0f} tok/s", refresh=False)
         bar.update(1)
