@@ -1,34 +1,29 @@
-"""The docs name only things that exist.
+"""The docs name only things that exist, and cite no issue numbers (a reader cannot look them up).
 
-Every inline code span (`...`) in README.md and docs/*.md that looks like code is checked against
-the tree. What "looks like code" and what "exists" mean, one rule per kind, in the order tried:
-
-- a command: `make T` (a Makefile target), `python -m M ...` (a module of ours; its --flags known),
-  `python path.py ...` (a file), `hypic SUB ...` (a subcommand of hypic/cli.py; its --flags known);
-- a call `name(...)` or `a.b.name(...)`: the callee is bound in our Python (def, class, import,
-  assignment) unless it is a builtin or hangs off a module we do not own (`torch.cuda...`);
+Every inline code span in README.md and docs/*.md that looks like code is checked against the
+tree, by the first rule that applies:
+- `make T`: a Makefile target; `python -m M`: a module of ours; `python f.py`: a file;
+  `hypic SUB`: a subcommand of hypic/cli.py; and every --flag in such a command;
+- a call `name(...)` / `a.b.name(...)`: the callee is bound in our Python (def, class, import,
+  assignment), unless a builtin or hanging off a module we do not own (`torch.cuda...`);
 - `HYPIC_NAME`: spelled in a file of the tree that is not documentation, or a config field's
-  variable (an env prefix such as "HYPIC_ROUTER_" + FIELD, common/mesh/config.py's rule);
-  `HYPIC_X_*` checks that the prefix starts some known variable;
-- `--flag`: spelled in a file of the tree that is not documentation, or a config field's flag
-  (`--some-name` / `--no-some-name` for the field some_name); `--x-*` checks a prefix;
-- a metric `hypic_...{labels}`: registered, i.e. a string literal in our Python, up to the series
-  suffixes Prometheus adds (_total, _sum, _count, _bucket, _created); {a,b} alternatives expanded;
-- a path (has a / and starts with a top-level entry of the repository, or a bare name ending in
-  .py/.yaml/.yml/.proto/.sh): exists (globs allowed), or for a bare name, some file has it;
-- a dotted name starting with one of our packages (`common.mesh.config`, `hypic.Client`): the
-  module exists and each further part is bound in it (a class member for Class.member);
-  `hypic.v1.X` is the wire package: X is a service or message in protos/;
-- `Class.member` with a CamelCase class: a class (or proto service) of ours with that member;
-- a CamelCase name or a snake_case one (or a _private one): used in our Python as a name,
-  attribute, keyword or string, a proto name, or a key in a YAML/JSON/TOML file of the tree.
-
-A name an f-string builds matches with each {field} standing for any word (f"--{kind}-arg"). A
-path .gitignore lists is made at run time and passes.
-
-Anything else (values, placeholders with <...>, math, English, lowercase attribute chains such as
-`plan.seam`) is prose and not checked. Docs must also cite no issue numbers: a reader cannot look
-them up.
+  variable (env prefix such as "HYPIC_ROUTER_" + FIELD: common/mesh/config.py's rule);
+- `--flag`: spelled in such a file, or a config field's flag (--some-name, --no-some-name);
+  `HYPIC_X_*` and `--x-*` check a prefix;
+- a metric `hypic_...{labels}`: a string literal in our Python, up to the series suffixes
+  Prometheus adds (_total, _sum, ...); {a,b} alternatives are expanded;
+- a path (a / after a top-level entry of the repository, or a bare name ending in
+  .py/.yaml/.yml/.proto/.sh): exists (globs allowed; a module may drop .py; a bare name: some
+  file has it); a path .gitignore lists is made at run time and passes;
+- a dotted name from one of our packages (`common.mesh.config`, `hypic.Client`): the module
+  exists and binds the rest (Class.member for a class); `hypic.v1.X`: X is in protos/;
+- `Class.member` with a CamelCase class: a class or proto service of ours with that member;
+- a CamelCase or snake_case name (or a _private one): our Python uses it (name, attribute,
+  keyword or string), a proto declares it, or a YAML/JSON/TOML file of the tree has it as a word.
+A name an f-string builds matches with each {field} standing for any word (f"--{kind}-arg").
+Anything else (values, <placeholders>, math, English, attribute chains on variables such as
+`plan.seam`) is prose and not checked. Repository paths written in the prose, outside code
+spans, must exist as well.
 """
 
 from __future__ import annotations
@@ -62,6 +57,8 @@ ENV = re.compile(r"^HYPIC_[A-Z0-9_]*\*?$")
 FLAG = re.compile(r"^--(?:\[no-\])?[a-z][a-z0-9-]*\*?$")
 METRIC = re.compile(r"^hypic_[a-z0-9_{},]*[a-z0-9}]$")
 BARE_FILE = re.compile(r"^[\w.*-]+\.(?:py|yaml|yml|proto|sh)$")
+PROSE_PATH = re.compile(r"(?<![\w./-])((?:bench|common|docker|deploy|hypic|kernels|models|protos|requirements"
+                        r"|scripts|services|tests)/[\w./*-]*[\w*/])")
 ISSUE_REF = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w&/])#\d+\b|/issues/\d+")
 
 
@@ -237,14 +234,13 @@ def _check_command(tree: Tree, words: list[str]) -> str | None:
         problems.append(f"`make {rest[0]}`: no such target in the Makefile")
     if program == "python" and rest[:1] == ["-m"] and len(rest) > 1:
         module = rest[1]
-        if not _is_ours(tree, module.split(".")[0]):
+        if module.split(".")[0] not in tree.modules:
             return None
         if module not in tree.modules and f"{module}.__main__" not in tree.modules:
             problems.append(f"`python -m {module}`: no module {module} in the tree")
     elif program == "python" and rest and rest[0].endswith(".py") and rest[0] not in tree.paths:
         problems.append(f"`python {rest[0]}`: no such file")
-    if program == "hypic" and rest and not rest[0].startswith("-") \
-            and rest[0] not in tree.subcommands:
+    if program == "hypic" and rest and rest[0][:1] != "-" and rest[0] not in tree.subcommands:
         problems.append(f"`hypic {rest[0]}`: hypic/cli.py has no such subcommand")
     for word in rest:
         flag = word.split("=", 1)[0]
@@ -253,18 +249,14 @@ def _check_command(tree: Tree, words: list[str]) -> str | None:
     return "; ".join(problems) or None
 
 
-def _is_ours(tree: Tree, root: str) -> bool:
-    return root in tree.modules
-
-
 def _check_call(tree: Tree, callee: str) -> str | None:
     parts = callee.split(".")
     name = parts[-1]
     if len(parts) == 1 and (hasattr(builtins, name) or len(name) == 1):
         return None  # a builtin such as min(), or a one-letter name in a formula
-    if len(parts) > 1 and not _is_ours(tree, parts[0]) and _external_module(parts[0]):
+    if len(parts) > 1 and parts[0] not in tree.modules and _external_module(parts[0]):
         return None  # torch.cuda.is_available() and the like: not ours to check
-    if _is_ours(tree, parts[0]):
+    if parts[0] in tree.modules:
         return _check_dotted(tree, callee)
     if name not in tree.bound:
         return f"`{name}(...)`: no def, class or import binds {name} in our Python"
@@ -334,7 +326,7 @@ def _check_path(tree: Tree, span: str) -> str | None:
     if any(path == entry or path.startswith(entry + "/") for entry in tree.ignored):
         return None  # git-ignored: made at run time or by hand, never committed
     if "/" in path:
-        if path not in tree.paths:
+        if path not in tree.paths and f"{path}.py" not in tree.paths:  # bench/serve: a module
             return f"`{span}`: no such file or directory"
     elif path not in tree.basenames:
         return f"`{span}`: no file of that name anywhere in the tree"
@@ -409,7 +401,7 @@ def problem_with(tree: Tree, span: str) -> str | None:
         return _check_path(tree, span)
     if DOTTED.match(span):
         root = span.split(".")[0]
-        if _is_ours(tree, root):
+        if root in tree.modules:
             return _check_dotted(tree, span)
         if CAMEL.match(root) or (root[:1].isupper() and root in tree.members):
             owner, member = span.split(".")[:2]
@@ -447,6 +439,29 @@ def test_every_code_span_names_something_that_exists(doc: Path) -> None:
     assert not problems, ("the doc names things the tree does not have (renamed or removed? "
                           "fix the doc; the rules are in tests/test_docs.py's docstring):\n"
                           + "\n".join(problems))
+
+
+def prose_paths(text: str):
+    """(line number, path) for repository paths written outside code spans and link targets."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        if FENCE.match(line):
+            fenced = not fenced
+            continue
+        if not fenced:
+            prose = re.sub(r"\]\([^)]*\)", "]", SPAN.sub(" ", line))
+            for path in PROSE_PATH.findall(prose):
+                yield number, path
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_path_in_the_prose_exists(doc: Path) -> None:
+    """Paths written without backticks (tests/test_x.py, common/mesh/discovery.py) too."""
+    tree = read_tree()
+    rel = doc.relative_to(ROOT).as_posix()
+    problems = [f"{rel}:{number}: {problem}" for number, path in prose_paths(doc.read_text(encoding="utf-8"))
+                if (problem := _check_path(tree, path))]
+    assert not problems, "the doc names paths the tree does not have (moved? fix the doc):\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
