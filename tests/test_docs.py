@@ -53,6 +53,9 @@ CALL = re.compile(rf"^({IDENT}(?:\.{IDENT})*)\((.*)\)$")
 DOTTED = re.compile(rf"^{IDENT}(?:\.{IDENT})+$")
 CAMEL = re.compile(r"^[A-Z](?=[A-Za-z0-9]*[a-z])(?=[A-Za-z0-9]*[A-Z])[A-Za-z0-9]+$")
 SNAKE = re.compile(r"^_?[a-z][a-z0-9]*(?:_[a-z0-9]+)+$|^_[a-z][a-z0-9]*$")
+WORD = re.compile(r"^[A-Z][a-z]{3,}$")  # Timings, Planner
+ALL_CAPS = re.compile(r"^([A-Z][A-Z0-9]*)_[A-Z0-9_]+$")  # TIER_HOST; also GRPC_TRACE (not ours)
+FILE_EXTENSIONS = {"mdb", "json", "pem", "key", "crt", "log", "lock", "png", "so"}  # data.mdb
 ENV = re.compile(r"^HYPIC_[A-Z0-9_]*\*?$")
 FLAG = re.compile(r"^--(?:\[no-\])?[a-z][a-z0-9-]*\*?$")
 METRIC = re.compile(r"^hypic_[a-z0-9_{},]*[a-z0-9}]$")
@@ -81,6 +84,7 @@ class Tree:
     make_targets: set[str] = field(default_factory=set)
     subcommands: set[str] = field(default_factory=set)
     proto_names: set[str] = field(default_factory=set)
+    enum_prefixes: set[str] = field(default_factory=set)  # TIER_, SOURCE_: the first word + _
 
 
 def _walk(root: Path):
@@ -90,13 +94,6 @@ def _walk(root: Path):
         yield path
         if path.is_dir() and not path.is_symlink():
             yield from _walk(path)
-
-
-def _module_name(rel: Path) -> str:
-    parts = list(rel.with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
 
 
 def _read_python(tree: Tree, path: Path) -> None:
@@ -151,26 +148,19 @@ def _bound_by(node: ast.AST) -> set[str]:
         return names
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return {n.split(".")[-1] for a in node.names for n in (a.name, a.asname) if n}
-    targets: list[ast.AST] = []
-    if isinstance(node, ast.Assign):
-        targets = list(node.targets)
-    elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
-        targets = [node.target]
-    names = set()
-    for target in targets:
-        for sub in ast.walk(target):
-            if isinstance(sub, ast.Name):
-                names.add(sub.id)
-            elif isinstance(sub, ast.Attribute):
-                names.add(sub.attr)
-    return names
+    targets = node.targets if isinstance(node, ast.Assign) else \
+        [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+    return {sub.id if isinstance(sub, ast.Name) else sub.attr for target in targets
+            for sub in ast.walk(target) if isinstance(sub, (ast.Name, ast.Attribute))}
 
 
 def _read_proto(tree: Tree, text: str) -> None:
-    for kind, name in re.findall(r"\b(message|service|enum|rpc)\s+(\w+)", text):
-        tree.proto_names.add(name)
+    tree.proto_names.update(re.findall(r"\b(?:message|service|enum|rpc)\s+(\w+)", text))
     tree.proto_names.update(re.findall(r"^\s*(?:repeated\s+|optional\s+)?[\w.]+\s+(\w+)\s*=\s*\d+",
                                        text, flags=re.M))
+    values = re.findall(r"^\s*([A-Z][A-Z0-9_]*)\s*=\s*\d+\s*;", text, flags=re.M)
+    tree.proto_names.update(values)
+    tree.enum_prefixes.update(value.split("_")[0] + "_" for value in values if "_" in value)
     for service, body in re.findall(r"service\s+(\w+)\s*\{(.*?)\n\}", text, flags=re.S):
         tree.members.setdefault(service, set()).update(re.findall(r"\brpc\s+(\w+)", body))
 
@@ -186,7 +176,7 @@ def read_tree() -> Tree:
         if path.is_dir() or path.suffix in DOC_SUFFIXES:
             continue
         if path.suffix == ".py":
-            tree.modules[_module_name(rel)] = path
+            tree.modules[".".join(rel.with_suffix("").parts).removesuffix(".__init__")] = path
             _read_python(tree, path)
         elif path.suffix in TEXT_SUFFIXES or path.name.startswith(("Makefile", "Dockerfile")) \
                 or (path.suffix == "" and path.stat().st_size < 1 << 20):
@@ -271,28 +261,22 @@ def _external_module(root: str) -> bool:
         return False
 
 
+def _check_known(tree: Tree, name: str, known: set[str], why: str) -> str | None:
+    """`name` is in `known` or built by an f-string; `X_*`, `--x-*`, `X_`: some known name starts so."""
+    prefix = name.rstrip("*")
+    if name.endswith(("*", "_")):
+        return None if any(k.startswith(prefix) for k in known) else f"`{name}`: nothing known starts with {prefix}"
+    return None if name in known or _templated(tree, name) else f"`{name}`: {why}"
+
+
 def _check_env(tree: Tree, name: str) -> str | None:
-    if name.endswith("*") or name.endswith("_"):
-        prefix = name.rstrip("*")
-        if not any(env.startswith(prefix) for env in tree.envs):
-            return f"`{name}`: no known variable starts with {prefix}"
-        return None
-    if name not in tree.envs and not _templated(tree, name):
-        return (f"`{name}`: no file of the tree spells it and no config field derives it "
-                "(env prefix + FIELD_NAME)")
-    return None
+    return _check_known(tree, name, tree.envs, "no file of the tree spells it and no config field "
+                        "derives it (env prefix + FIELD_NAME)")
 
 
 def _check_flag(tree: Tree, flag: str) -> str | None:
-    flag = flag.replace("[no-]", "")
-    if flag.endswith("*"):
-        prefix = flag.rstrip("*")
-        if not any(known.startswith(prefix) for known in tree.flags):
-            return f"`{flag}`: no known flag starts with {prefix}"
-        return None
-    if flag != "--help" and flag not in tree.flags and not _templated(tree, flag):
-        return f"`{flag}`: no argparse string, script or config field (some_name -> --some-name) defines it"
-    return None
+    return _check_known(tree, flag.replace("[no-]", ""), tree.flags | {"--help"},
+                        "no argparse string, script or config field (some_name -> --some-name) defines it")
 
 
 def _templated(tree: Tree, name: str) -> bool:
@@ -383,36 +367,45 @@ def _check_member(tree: Tree, owner: str, member: str, span: str) -> str | None:
 def problem_with(tree: Tree, span: str) -> str | None:
     """What is wrong with one code span, or None when it exists or is not code (rules above)."""
     span = span.strip()
-    words = span.split()
-    if words and words[0] in {"make", "python", "hypic"} and len(words) > 1:
+    words = span.split() or [""]
+    if words[0] in {"make", "python", "hypic"} and len(words) > 1:
         return _check_command(tree, words)
     if call := CALL.match(span):
         return _check_call(tree, call.group(1))
-    name = span.split("=", 1)[0]  # `HYPIC_X=1`, `--flag=value`
+    name = words[0].split("=", 1)[0]  # `HYPIC_X=1`, `--flag=value`, `--flag VALUE`
     if ENV.match(name):
         return _check_env(tree, name)
     if "/--" in name or FLAG.match(name):
-        return next(filter(None, (_check_flag(tree, f) for f in name.split("/"))), None)
+        flags = [f.split("=")[0] for w in words for f in w.strip('"').split("/") if FLAG.match(f.split("=")[0])]
+        return next(filter(None, (_check_flag(tree, f) for f in flags)), None)
     if span in METRIC_SUFFIXES:
         return None  # `_total`, `_sum`: the series suffixes Prometheus adds, not our names
-    if METRIC.match(span):
+    if METRIC.match(re.sub(r"\{[^{}]*\}$", "", span)):
         return _check_metric(tree, span)
     if _is_path(tree, span):
         return _check_path(tree, span)
     if DOTTED.match(span):
-        root = span.split(".")[0]
-        if root in tree.modules:
-            return _check_dotted(tree, span)
-        if CAMEL.match(root) or (root[:1].isupper() and root in tree.members):
-            owner, member = span.split(".")[:2]
-            return _check_member(tree, owner, member, span)
-        return None
-    if CAMEL.match(span) and span not in tree.used:
-        return f"`{span}`: no class, import or proto message of that name"
-    if SNAKE.match(span) and span not in tree.used:
-        return (f"`{span}`: our Python never uses this name (as a name, attribute, keyword or "
-                "string) and no proto declares it")
+        return _check_dotted_span(tree, span)
+    if len(words) > 1:
+        return None  # a formula or a sentence
+    if (caps := ALL_CAPS.match(name)) and caps.group(1) + "_" in tree.enum_prefixes \
+            and name not in tree.proto_names:
+        return f"`{name}`: no enum value of that name in protos/ (others start with {caps.group(1)}_)"
+    if (CAMEL.match(name) or SNAKE.match(name) or WORD.match(name)) and name not in tree.used:
+        return (f"`{name}`: our code never uses this name (as a name, attribute, keyword or string), "
+                "no proto declares it and no config file of the tree has it")
     return None
+
+
+def _check_dotted_span(tree: Tree, span: str) -> str | None:
+    root, *rest = span.split(".")
+    if root in tree.modules:
+        return _check_dotted(tree, span)
+    if CAMEL.match(root) or (root[:1].isupper() and root in tree.members):
+        return _check_member(tree, root, rest[0], span)
+    if not _external_module(root) and rest[-1] not in tree.used | FILE_EXTENSIONS:
+        return f"`{span}`: our code uses no attribute {rest[-1]}"
+    return None  # an attribute of another library's module (grpc.health.v1)
 
 
 # ---------------------------------------------------------------- the tests
@@ -478,7 +471,9 @@ NAMED_BUT_ABSENT = [
     "HYPIC_ROUTER_NO_SUCH_FIELD", "HYPIC_NOWHERE_*", "hypic_router_no_such_total{code}",
     "common/mesh/no_such.py", "no_such_module.py", "common.mesh.no_such", "hypic.launcher.NoSuch",
     "hypic.v1.NoSuchService", "Planner.no_such_method", "make no-such-target",
-    "python -m bench.no_such", "hypic no-such-command", "hypic up --no-such-flag",
+    "python -m bench.no_such", "hypic no-such-command", "hypic up --no-such-flag", "TIER_NOWHERE",
+    "--policy nowhere --no-such-flag", "hypic_router_no_such{what=\"x\",reason}", "plan.no_such_field",
+    "Nowhereclass",
 ]
 NAMED_AND_PRESENT = [
     "compose_run", "prefill_segments(mode=\"hypic\")", "SegmentEntry", "--host-bytes",
@@ -486,7 +481,9 @@ NAMED_AND_PRESENT = [
     "hypic_router_requests_total{mode,code}", "hypic_segcache_{hits,misses}_total{tier}",
     "common/mesh/config.py", "deploy/k8s/", "server.py", "common.mesh.config", "hypic.launcher.Mesh",
     "hypic.v1.Segcache", "Planner.assign", "make test", "python -m bench.serve", "hypic up --tls",
-    "docker/local/", "min(a, b)", "torch.cuda.is_available()",
+    "docker/local/", "min(a, b)", "torch.cuda.is_available()", "TIER_HOST", "GRPC_TRACE",
+    "--policy gdsf", "hypic_combine_fallbacks_total{what=\"segcache\",reason}", "plan.seam",
+    "data.mdb", "Timings", "grpc.health.v1", "T_C = A_1 A_2",
 ]
 
 
