@@ -3,7 +3,7 @@
 Every inline code span in README.md and docs/*.md that looks like code is checked against the
 tree, by the first rule that applies:
 - `make T`: a Makefile target; `python -m M`: a module of ours; `python f.py`: a file;
-  `hypic SUB`: a subcommand of hypic/cli.py; and every --flag in such a command;
+  `hypic SUB`: a subcommand (an add_parser("SUB") of our Python); and every --flag in such a command;
 - a call `name(...)` / `a.b.name(...)`: the callee is bound in our Python (def, class, import,
   assignment), unless a builtin or hanging off a module we do not own (`torch.cuda...`);
 - `HYPIC_NAME`: spelled in a file of the tree that is not documentation, or a config field's
@@ -99,9 +99,11 @@ def _walk(root: Path):
 def _read_python(tree: Tree, path: Path) -> None:
     """Names bound at any level, names used, string literals, and class members of one file."""
     try:
-        module = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        source = path.read_text(encoding="utf-8")
+        module = ast.parse(source, filename=str(path))
     except (SyntaxError, UnicodeDecodeError):
         return
+    tree.subcommands.update(re.findall(r"add_parser\(\s*\"([\w-]+)\"", source))  # hypic up, ...
     for node in ast.walk(module):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             tree.bound.add(node.name)
@@ -194,8 +196,6 @@ def read_tree() -> Tree:
     _derive_flags_and_envs(tree, "\n".join(texts))
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     tree.make_targets = set(re.findall(r"^([\w.-]+):", makefile, flags=re.M))
-    cli = (ROOT / "hypic" / "cli.py").read_text(encoding="utf-8")
-    tree.subcommands = set(re.findall(r"add_parser\(\s*\"([\w-]+)\"", cli))
     return tree
 
 
@@ -231,7 +231,7 @@ def _check_command(tree: Tree, words: list[str]) -> str | None:
     elif program == "python" and rest and rest[0].endswith(".py") and rest[0] not in tree.paths:
         problems.append(f"`python {rest[0]}`: no such file")
     if program == "hypic" and rest and rest[0][:1] != "-" and rest[0] not in tree.subcommands:
-        problems.append(f"`hypic {rest[0]}`: hypic/cli.py has no such subcommand")
+        problems.append(f"`hypic {rest[0]}`: no add_parser(\"{rest[0]}\") in our Python")
     for word in rest:
         flag = word.split("=", 1)[0]
         if FLAG.match(flag) and (problem := _check_flag(tree, flag)):
