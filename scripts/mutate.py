@@ -253,6 +253,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "                self._lmdb.commit(deletes=victims)\n                log.warning(\"disk budget",
            "                pass\n                log.warning(\"disk budget",
            ("tests/services/segcache/test_shrunk_disk_budget.py",)),
+    Mutant("router-builds-on-a-worker-of-another-model", "services/router/pools.py",
+           "if r.model_fingerprint and self.fingerprint and r.model_fingerprint != self.fingerprint:",
+           "if False:",
+           ("tests/services/router/test_foreign_scatter.py",)),
     # -- benchmarks --------------------------------------------------------------------------------------
     Mutant("report-drops-random-model-ratios", "bench/report.py",
            "        out += closing_rows_random(rnd)", "        pass",
