@@ -1,12 +1,15 @@
 """usage.prompt_tokens_details.cached_tokens counts the prompt tokens served from cache: the
 bodies of the segments that were cache hits (a hit's seam window is recomputed), never those of
 segments built for this request. Checked on a cold request, a mixed one (two documents cached,
-two new) and a warm one, through the OpenAI-compatible front of a real mesh on the bundled model."""
+two new) and a warm one, through the OpenAI-compatible front of a real mesh on the bundled model.
+The operators' figure, the front's hypic_prompt_tokens_cached_total (summed over tiers), grows by
+the same count."""
 
 from __future__ import annotations
 
 import random
 
+import httpx
 import openai
 import pytest
 
@@ -20,12 +23,11 @@ SEAM = 8  # the router's default seam width
 
 
 @pytest.fixture(scope="module")
-def api(tmp_path_factory):
+def mesh(tmp_path_factory):
     with Mesh(None, tmp_path_factory.mktemp("cached"), n_scatter=1, threads=1, front=True,
               start_timeout_s=240,
               extra_args={"segcache": ["--host-bytes", "64MiB", "--disk-bytes", "128MiB"]}) as m:
-        yield openai.OpenAI(base_url=m.front_url + "/v1", api_key="unused", timeout=120,
-                            max_retries=0)
+        yield m
 
 
 def documents_and_question(index: int) -> tuple[list[str], str]:
@@ -35,12 +37,25 @@ def documents_and_question(index: int) -> tuple[list[str], str]:
     return [" ".join(d) for d in world.docs], " ".join(q.words[1:-1])
 
 
-def cached_tokens(api, docs: list[str], question: str) -> int:
+def cached_metric(mesh) -> float:
+    """hypic_prompt_tokens_cached_total over every tier."""
+    body = httpx.get(mesh.front_url + "/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in body.splitlines()
+               if line.startswith("hypic_prompt_tokens_cached_total{"))
+
+
+def cached_tokens(mesh, docs: list[str], question: str) -> int:
+    """The request's usage.prompt_tokens_details.cached_tokens (checked against the metric)."""
+    before = cached_metric(mesh)
+    api = openai.OpenAI(base_url=mesh.front_url + "/v1", api_key="unused", timeout=120,
+                        max_retries=0)
     r = api.chat.completions.create(
         model=MODEL, max_tokens=1, temperature=0,
         messages=[{"role": "user", "content": d} for d in docs] + [
             {"role": "user", "content": question}])
-    return r.usage.prompt_tokens_details.cached_tokens
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert cached_metric(mesh) - before == cached
+    return cached
 
 
 def body_tokens(doc: str) -> int:
@@ -48,10 +63,10 @@ def body_tokens(doc: str) -> int:
     return len(doc.split()) - SEAM
 
 
-def test_cached_tokens_count_only_the_segments_that_were_hits(api) -> None:
+def test_cached_tokens_count_only_the_segments_that_were_hits(mesh) -> None:
     docs, question = documents_and_question(11)
     assert len(docs) >= 4
     a, b, c, d = docs[:4]
-    assert cached_tokens(api, [a, b], question) == 0                      # cold: all built
-    assert cached_tokens(api, [c, b, d, a], question) == body_tokens(a) + body_tokens(b)
-    assert cached_tokens(api, [d, c], question) == body_tokens(c) + body_tokens(d)  # warm
+    assert cached_tokens(mesh, [a, b], question) == 0                      # cold: all built
+    assert cached_tokens(mesh, [c, b, d, a], question) == body_tokens(a) + body_tokens(b)
+    assert cached_tokens(mesh, [d, c], question) == body_tokens(c) + body_tokens(d)  # warm
