@@ -37,8 +37,8 @@ import grpc
 
 from hypic import errors
 from hypic.targets import balancing_options, channel_target
-from protos.hypic.v1 import router_pb2 as pb
-from protos.hypic.v1 import router_pb2_grpc as pb_grpc
+from protos.hypic.v1 import router_pb2 as router_pb
+from protos.hypic.v1 import router_pb2_grpc as router_grpc
 
 REQUEST_ID_KEY = "x-request-id"
 AUTHORIZATION_KEY = "authorization"
@@ -46,9 +46,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 # Prefill mode names, read off the proto enum (PREFILL_MODE_ADDITIVE -> "additive"): the wire
 # contract is their one home on this side. "naive" (the additive ablation's old name, an enum
 # alias) is accepted for one version; MODE_NAMES are the canonical ones.
-MODES = {name.removeprefix("PREFILL_MODE_").lower(): value for name, value in pb.PrefillMode.items()}
+MODES = {name.removeprefix("PREFILL_MODE_").lower(): value for name, value in router_pb.PrefillMode.items()}
 MODE_NAMES = tuple(name for name, value in MODES.items()
-                   if pb.PrefillMode.Name(value) == "PREFILL_MODE_" + name.upper())
+                   if router_pb.PrefillMode.Name(value) == "PREFILL_MODE_" + name.upper())
 
 SegmentLike = Union[str, Sequence[int]]
 
@@ -98,7 +98,7 @@ class Timings:
     trace: tuple[SegmentTrace, ...] = ()  # per segment, in the final timings
 
     @classmethod
-    def from_proto(cls, t: pb.Timings) -> "Timings":
+    def from_proto(cls, t: router_pb.Timings) -> "Timings":
         return cls(tokenize_s=t.tokenize_s, lookup_s=t.lookup_s, scatter_s=t.scatter_s,
                    transfer_s=t.transfer_s, compose_s=t.compose_s, seams_s=t.seams_s,
                    query_prefill_s=t.query_prefill_s, ttft_s=t.ttft_s, total_s=t.total_s,
@@ -133,7 +133,7 @@ class Info:
     segcache_address: str
 
     @classmethod
-    def from_proto(cls, r: pb.InfoResponse) -> "Info":
+    def from_proto(cls, r: router_pb.InfoResponse) -> "Info":
         return cls(model_type=r.model_type, model_fingerprint=r.model_fingerprint,
                    vocab_size=r.vocab_size, seam=r.seam, dtype=r.dtype,
                    max_prompt_tokens=r.max_prompt_tokens,
@@ -144,11 +144,11 @@ class Info:
 
 # ---- request building ----------------------------------------------------------------------------
 
-def _segment(value: Any, what: str) -> pb.Segment:
-    if isinstance(value, pb.Segment):
+def _segment(value: Any, what: str) -> router_pb.Segment:
+    if isinstance(value, router_pb.Segment):
         return value
     if isinstance(value, str):
-        return pb.Segment(text=value)
+        return router_pb.Segment(text=value)
     if isinstance(value, (bytes, bytearray)):
         raise errors.InvalidArgument(f"{what}: pass text as str, not bytes")
     try:
@@ -158,16 +158,16 @@ def _segment(value: Any, what: str) -> pb.Segment:
                                      f"got {type(value).__name__}") from None
     if any(t < 0 or t >= 1 << 32 for t in ids):
         raise errors.InvalidArgument(f"{what}: token ids must be in [0, 2^32)")
-    return pb.Segment(token_ids=ids)
+    return router_pb.Segment(token_ids=ids)
 
 
 def build_request(segments: Sequence[SegmentLike], query: SegmentLike, *, max_tokens: int = 16,
                   temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                   mode: str = "hypic", return_logits: bool = False, stop_at_eos: bool = True,
-                  request_id: str | None = None) -> pb.GenerateRequest:
+                  request_id: str | None = None) -> router_pb.GenerateRequest:
     """The GenerateRequest for these arguments (client-side type checks only; the router
     validates the content)."""
-    if isinstance(segments, (str, bytes)) or isinstance(segments, pb.Segment):
+    if isinstance(segments, (str, bytes)) or isinstance(segments, router_pb.Segment):
         raise errors.InvalidArgument("segments must be a list (of str or token-id lists)")
     mode_value = MODES.get(mode.strip().lower()) if isinstance(mode, str) else (
         mode if mode in MODES.values() else None)
@@ -175,7 +175,7 @@ def build_request(segments: Sequence[SegmentLike], query: SegmentLike, *, max_to
         raise errors.InvalidArgument(f"unknown mode {mode!r}; one of {', '.join(MODE_NAMES)}")
     if not isinstance(max_tokens, int) or max_tokens < 0 or max_tokens >= 1 << 32:
         raise errors.InvalidArgument("max_tokens must be an int > 0")
-    return pb.GenerateRequest(
+    return router_pb.GenerateRequest(
         segments=[_segment(s, f"segment {i}") for i, s in enumerate(segments)],
         query=_segment(query, "query"), max_tokens=max_tokens, temperature=float(temperature),
         top_k=int(top_k), top_p=float(top_p), seed=int(seed), mode=mode_value,
@@ -194,7 +194,7 @@ class _Accumulator:
         self.timings: Timings | None = None
         self.done = False
 
-    def feed(self, ev: pb.GenerateEvent) -> Token | None:
+    def feed(self, ev: router_pb.GenerateEvent) -> Token | None:
         if ev.request_id:
             self.request_id = ev.request_id
         kind = ev.WhichOneof("event")
@@ -342,7 +342,7 @@ class Client:
         self.credentials = credentials or Credentials(tls, tls_ca, tls_cert, tls_key, api_key)
         self._channel = channel or self.credentials.open(
             channel_target(address), _channel_options(max_message_bytes), aio=False)
-        self._stub = pb_grpc.RouterStub(self._channel)
+        self._stub = router_grpc.RouterStub(self._channel)
 
     def __enter__(self) -> "Client":
         return self
@@ -365,7 +365,7 @@ class Client:
 
     def info(self, *, timeout: float | None = None) -> Info:
         try:
-            return Info.from_proto(self._stub.Info(pb.InfoRequest(),
+            return Info.from_proto(self._stub.Info(router_pb.InfoRequest(),
                                                    timeout=self._timeout(timeout) or 10.0,
                                                    metadata=self.credentials.metadata()))
         except grpc.RpcError as e:
@@ -457,7 +457,7 @@ class AsyncClient:
         self.credentials = credentials or Credentials(tls, tls_ca, tls_cert, tls_key, api_key)
         self._channel = channel or self.credentials.open(
             channel_target(address), _channel_options(max_message_bytes), aio=True)
-        self._stub = pb_grpc.RouterStub(self._channel)
+        self._stub = router_grpc.RouterStub(self._channel)
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -481,7 +481,7 @@ class AsyncClient:
 
     async def info(self, *, timeout: float | None = None) -> Info:
         try:
-            return Info.from_proto(await self._stub.Info(pb.InfoRequest(),
+            return Info.from_proto(await self._stub.Info(router_pb.InfoRequest(),
                                                          timeout=self._timeout(timeout) or 10.0,
                                                          metadata=self.credentials.metadata()))
         except grpc.RpcError as e:

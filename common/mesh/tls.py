@@ -17,21 +17,24 @@ from typing import Any, Optional, Sequence
 
 import grpc
 
+from common.mesh.fields import field_help
 
-def _h(text: str, **extra: Any) -> dict:
-    return {"help": text, "shared_env": True, **extra}
+
+def _shared(text: str) -> dict:
+    """A field with one value for the whole mesh: the service's own variable, else HYPIC_TLS_*."""
+    return field_help(text, shared_env=True)
 
 
 @dataclass
 class TlsConfig:
     """The TLS fields every service config has (a base dataclass: all fields have defaults)."""
 
-    tls_cert: Optional[Path] = field(default=None, metadata=_h(
+    tls_cert: Optional[Path] = field(default=None, metadata=_shared(
         "PEM certificate of this service: served with --tls-key, and presented to peers as its identity"))
-    tls_key: Optional[Path] = field(default=None, metadata=_h("PEM private key of --tls-cert"))
-    tls_ca: Optional[Path] = field(default=None, metadata=_h(
+    tls_key: Optional[Path] = field(default=None, metadata=_shared("PEM private key of --tls-cert"))
+    tls_ca: Optional[Path] = field(default=None, metadata=_shared(
         "PEM CA bundle: peers' certificates are verified against it (mutual TLS)"))
-    tls_require_client_cert: bool = field(default=True, metadata=_h(
+    tls_require_client_cert: bool = field(default=True, metadata=_shared(
         "with --tls-ca, refuse clients without a certificate signed by it"))
 
     def __post_init__(self) -> None:

@@ -35,17 +35,17 @@ from common.mesh.segcache_client import ChecksumError, SegcacheClient
 from common.mesh.segcache_ring import owner, parse_addresses
 from common.mesh.server import channel_options
 from common.mesh.tls import open_channel
-from protos.hypic.v1 import combine_pb2 as cpb
-from protos.hypic.v1 import scatter_pb2 as spb
-from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
-from protos.hypic.v1 import segcache_pb2 as segpb
+from protos.hypic.v1 import combine_pb2 as combine_pb
+from protos.hypic.v1 import scatter_pb2 as scatter_pb
+from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from services.combine import metrics as m
 from services.combine.config import CombineConfig
 
 log = structlog.get_logger("combine.fetch")
 
-TIER_NAMES = {segpb.TIER_DEVICE: "device", segpb.TIER_HOST: "host", segpb.TIER_DISK: "disk",
-              segpb.TIER_REMOTE: "remote"}
+TIER_NAMES = {segcache_pb.TIER_DEVICE: "device", segcache_pb.TIER_HOST: "host", segcache_pb.TIER_DISK: "disk",
+              segcache_pb.TIER_REMOTE: "remote"}
 
 
 class DeadlineExceeded(Exception):
@@ -125,14 +125,14 @@ class Peers:
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         self._write_token = read_secret(cfg.write_token)  # sent with our segcache Puts
-        self._scatter: dict[str, tuple[grpc.aio.Channel, spb_grpc.ScatterStub]] = {}
+        self._scatter: dict[str, tuple[grpc.aio.Channel, scatter_grpc.ScatterStub]] = {}
         self._segcache: dict[str, tuple[grpc.aio.Channel, SegcacheClient]] = {}
         self._nixl: dict[str, asyncio.Future] = {}  # address -> NIXL probe (-> bool)
 
-    def scatter(self, addr: str) -> tuple[grpc.aio.Channel, spb_grpc.ScatterStub]:
+    def scatter(self, addr: str) -> tuple[grpc.aio.Channel, scatter_grpc.ScatterStub]:
         if addr not in self._scatter:
             ch = open_channel(addr, self._opts, self.cfg)
-            self._scatter[addr] = (ch, spb_grpc.ScatterStub(ch))
+            self._scatter[addr] = (ch, scatter_grpc.ScatterStub(ch))
         return self._scatter[addr]
 
     def segcache(self, addr: str) -> tuple[grpc.aio.Channel, SegcacheClient]:
@@ -319,7 +319,7 @@ WAIT_FIRST_POLL_S = 0.02
 WAIT_MAX_POLL_S = 0.25
 
 
-async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segpb.EntryInfo | None:
+async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segcache_pb.EntryInfo | None:
     """Another request holds the build claim on `key`: poll its instance until the entry is
     cached (its EntryInfo) or `wait_s` passes (None: build it here). Faults end the wait."""
     end = time.monotonic() + wait_s
@@ -334,7 +334,7 @@ async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segpb.Entr
         except Exception as e:
             log.info("wait for a segment built elsewhere failed", key=key, error=_describe(e))
             return None
-        if infos and infos[0].tier != segpb.TIER_MISS:
+        if infos and infos[0].tier != segcache_pb.TIER_MISS:
             return infos[0]
         left = min(end - time.monotonic(), ctx.deadline.left())
         if left <= 0:
@@ -347,7 +347,7 @@ async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segpb.Entr
 
 
 async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
-                         info_now: segpb.EntryInfo | None = None) -> Acquired | None:
+                         info_now: segcache_pb.EntryInfo | None = None) -> Acquired | None:
     """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere).
     info_now: a Lookup answer newer than the request's batched one (after a wait)."""
     assert ctx.segcache_address
@@ -366,7 +366,7 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
                 raise
             except Exception:  # no sizes: read over gRPC
                 info = None
-            if info is not None and info.tier == segpb.TIER_MISS:
+            if info is not None and info.tier == segcache_pb.TIER_MISS:
                 raise BadEntry("miss", "not cached")
             if info is not None and info.size >= ctx.cfg.nixl_min_bytes:
                 tier = TIER_NAMES.get(info.tier, "")
@@ -405,7 +405,7 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
         return None
     fetch_s = time.perf_counter() - t0
     m.STAGE_SECONDS.labels("fetch").observe(fetch_s)
-    return Acquired(i, entry, cpb.SOURCE_SEGCACHE, fetch_s, time.perf_counter(), tier=tier,
+    return Acquired(i, entry, combine_pb.SOURCE_SEGCACHE, fetch_s, time.perf_counter(), tier=tier,
                     worker=addr, via_nixl=via_nixl, nbytes=len(data))
 
 
@@ -426,7 +426,7 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
     call = None
     try:
         await ensure_connected(channel, ctx.deadline.left(ctx.cfg.connect_timeout_s))
-        req = spb.BuildRequest(key=key, token_ids=ids, seam=ctx.seam,
+        req = scatter_pb.BuildRequest(key=key, token_ids=ids, seam=ctx.seam,
                                model_fingerprint=ctx.engine.fingerprint, dtype=ctx.dtype,
                                request_id=ctx.request_id, store=ctx.store)
         call = stub.Build(req, timeout=ctx.deadline.left(), metadata=ctx.metadata)
@@ -465,7 +465,7 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
     ctx.spawn(_drain(call))
     fetch_s = time.perf_counter() - t0
     m.STAGE_SECONDS.labels("build").observe(fetch_s)
-    return Acquired(i, entry, cpb.SOURCE_SCATTER, fetch_s, time.perf_counter(),
+    return Acquired(i, entry, combine_pb.SOURCE_SCATTER, fetch_s, time.perf_counter(),
                     build_s=header.build_s, worker=header.worker or addr, nbytes=n)
 
 
@@ -504,14 +504,14 @@ async def build_local(ctx: RequestCtx, i: int, key: str, ids: list[int], t0: flo
         ctx.spawn(_store(ctx, key, entry, build_s))
     fetch_s = time.perf_counter() - t0
     m.STAGE_SECONDS.labels("build").observe(fetch_s)
-    return Acquired(i, entry, cpb.SOURCE_LOCAL, fetch_s, time.perf_counter(), build_s=build_s,
+    return Acquired(i, entry, combine_pb.SOURCE_LOCAL, fetch_s, time.perf_counter(), build_s=build_s,
                     worker="local")
 
 
 # ---- one segment ---------------------------------------------------------------------------------
 async def acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -> Acquired:
     t0 = time.perf_counter()
-    if seg.source == cpb.SOURCE_SEGCACHE and ctx.segcache_address:
+    if seg.source == combine_pb.SOURCE_SEGCACHE and ctx.segcache_address:
         info_now = None
         if seg.wait_s > 0:  # being built by another request (a build claim): wait for it
             info_now = await wait_for_entry(ctx, key, seg.wait_s)
@@ -520,7 +520,7 @@ async def acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -
             if got is not None:
                 return got
     addrs = ctx.scatter_addresses
-    if seg.source != cpb.SOURCE_LOCAL and addrs:
+    if seg.source != combine_pb.SOURCE_LOCAL and addrs:
         first = seg.worker if seg.worker < len(addrs) else i % len(addrs)
         for k in range(len(addrs)):
             got = await build_on_scatter(ctx, i, addrs[(first + k) % len(addrs)], key, ids, t0)

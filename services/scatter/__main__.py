@@ -21,7 +21,7 @@ from common.mesh.segcache_ring import RECONNECT_OPTIONS, SegcacheRing
 from common.mesh.server import channel_options
 from common.mesh.tls import open_channel
 from common.mesh.server import format_address
-from protos.hypic.v1 import scatter_pb2_grpc
+from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
 from services.scatter.config import ENV_PREFIX, ScatterConfig
 from services.scatter.servicer import SERVICE_NAME, ScatterServicer
 
@@ -56,7 +56,7 @@ class ScatterService(service.Service):
                                       open_channel=lambda a: open_channel(a, options, cfg),
                                       write_token=read_secret(cfg.write_token))
                          if cfg.segcache_address else None)
-        scatter_pb2_grpc.add_ScatterServicer_to_server(
+        scatter_grpc.add_ScatterServicer_to_server(
             ScatterServicer(cfg, self.engine, self.executor, self.segcache, self.worker), server)
 
     def port_info(self) -> dict:
