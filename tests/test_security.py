@@ -27,8 +27,7 @@ from common.mesh.auth import bearer_ok, read_secret
 from common.mesh.config import describe, load_config
 from common.mesh.nixl_listen import devices_for_host
 from common.mesh.segcache_client import SegcacheClient
-from common.mesh.server import channel_options
-from common.mesh.tls import open_channel
+from common.mesh.channels import channel_options, open_channel
 from hypic.certs import generate_mesh_certs
 from hypic.launcher import Mesh, Service
 from protos.hypic.v1 import router_pb2 as router_pb

@@ -24,9 +24,9 @@ import numpy as np
 
 from common.engine.checksum import DIGEST_BYTES, checksum  # noqa: F401  (re-exported)
 from common.mesh.auth import WRITE_TOKEN_KEY
+from common.mesh.channels import message_options, open_channel
 from common.mesh.log import REQUEST_ID_KEY
 from common.mesh.nixl_util import NixlAgent, NixlUnavailable
-from common.mesh.server import channel_options
 from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from protos.hypic.v1 import segcache_pb2_grpc as segcache_grpc
 
@@ -44,8 +44,7 @@ class SegcacheClient:
         self.target = target
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
-        self._channel = channel or grpc.aio.insecure_channel(
-            target, options=channel_options(max_message_bytes))
+        self._channel = channel or open_channel(target, message_options(max_message_bytes))
         self.stub = segcache_grpc.SegcacheStub(self._channel)
         self._write_token = write_token  # segcache's writer role without a writer certificate
         self._nixl_name = nixl_agent_name or f"segcache-reader-{os.getpid()}-{uuid.uuid4().hex[:8]}"

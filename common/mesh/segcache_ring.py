@@ -27,7 +27,7 @@ import grpc
 import structlog
 
 from common.mesh.segcache_client import SegcacheClient
-from common.mesh.server import channel_options as server_channel_options
+from common.mesh import channels
 from protos.hypic.v1 import segcache_pb2 as segcache_pb
 
 log = structlog.get_logger("segcache.ring")
@@ -36,8 +36,7 @@ DEFAULT_COOLDOWN_S = 2.0
 MAX_LOOKUP_KEYS = 4096  # segcache's default max_lookup_keys
 # Codes that say "the instance is not there (or too slow)", as opposed to "this request is bad".
 DOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
-                     ("grpc.max_reconnect_backoff_ms", 1000)]
+RECONNECT_MAX_MS = 1000  # an instance that comes back is asked again within a second
 
 
 def parse_addresses(spec: str | Iterable[str] | None) -> list[str]:
@@ -87,12 +86,11 @@ class SegcacheRing:
             raise ValueError("no segcache addresses")
         self.cooldown_s = cooldown_s
         if channel_options is None:
-            channel_options = server_channel_options(client_kw.get("max_message_bytes", 64 << 20))
-        # An instance that comes back is found again within seconds, not gRPC's default minutes.
-        channel_options = list(channel_options) + RECONNECT_OPTIONS
+            channel_options = channels.message_options(client_kw.get("max_message_bytes", 64 << 20))
+        channel_options = list(channel_options) + channels.reconnect_options(max_backoff_ms=RECONNECT_MAX_MS)
         if open_channel is None:
             def open_channel(a: str) -> grpc.aio.Channel:
-                return grpc.aio.insecure_channel(a, options=channel_options)
+                return channels.open_channel(a, channel_options)
         self.clients: dict[str, SegcacheClient] = {
             a: SegcacheClient(a, channel=open_channel(a), **client_kw) for a in self.addresses}
         self._down_until: dict[str, float] = {}

@@ -33,8 +33,7 @@ from common.mesh.log import REQUEST_ID_KEY
 from common.mesh.nixl_util import NixlUnavailable
 from common.mesh.segcache_client import ChecksumError, SegcacheClient
 from common.mesh.segcache_ring import owner, parse_addresses
-from common.mesh.server import channel_options
-from common.mesh.tls import open_channel
+from common.mesh.channels import channel_options, open_channel
 from protos.hypic.v1 import combine_pb2 as combine_pb
 from protos.hypic.v1 import scatter_pb2 as scatter_pb
 from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
@@ -118,12 +117,7 @@ class Peers:
 
     def __init__(self, cfg: CombineConfig):
         self.cfg = cfg
-        self._opts = channel_options(cfg.max_message_bytes) + [
-            # A peer that comes back is found again within seconds, not minutes.
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.min_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-        ]
+        self._opts = channel_options(cfg.max_message_bytes)
         self._write_token = read_secret(cfg.write_token)  # sent with our segcache Puts
         self._scatter: dict[str, tuple[grpc.aio.Channel, scatter_grpc.ScatterStub]] = {}
         self._segcache: dict[str, tuple[grpc.aio.Channel, SegcacheClient]] = {}

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import structlog
 
-from common.mesh.tls import open_channel
+from common.mesh.channels import open_channel
 from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
 from protos.hypic.v1 import scatter_pb2 as scatter_pb
 from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
@@ -19,11 +19,6 @@ from services.router import metrics as m
 from services.router.planner import Planner
 
 log = structlog.get_logger("router.servicer")
-
-# Reconnect quickly after a peer restarts (grpc's default backoff grows to 120 s). The connect
-# timeout itself ("grpc.min_reconnect_backoff_ms", 20 s) stays grpc's default.
-BACKOFF_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200),
-                   ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 @dataclass(eq=False)

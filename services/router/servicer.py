@@ -30,8 +30,7 @@ from common.mesh.discovery import MemberSet
 from common.mesh.guard import internal_details
 from common.mesh.log import REQUEST_ID_KEY, sanitize_request_id
 from common.mesh.segcache_ring import SegcacheRing
-from common.mesh.tls import open_channel
-from common.mesh.server import channel_options
+from common.mesh.channels import channel_options, open_channel
 from protos.hypic.v1 import combine_pb2 as combine_pb
 from protos.hypic.v1 import router_pb2 as router_pb
 from protos.hypic.v1 import router_pb2_grpc as router_grpc
@@ -41,7 +40,7 @@ from services.router.claims import Claimed, claim_misses
 from services.router.config import RouterConfig
 from services.router.model import ModelInfo
 from services.router.planner import CostModel, Job, Planner, Ticket
-from services.router.pools import BACKOFF_OPTIONS, CombinePool, ScatterPool
+from services.router.pools import CombinePool, ScatterPool
 
 log = structlog.get_logger("router.servicer")
 
@@ -101,7 +100,9 @@ class RouterServicer(router_grpc.RouterServicer):
         self.cfg = cfg
         self.model = model
         self.executor = executor
-        options = channel_options(cfg.max_message_bytes) + BACKOFF_OPTIONS
+        # Reconnect quickly after a peer restarts; the connect timeout (gRPC's min backoff, 20 s)
+        # stays gRPC's default.
+        options = channel_options(cfg.max_message_bytes, min_backoff_ms=None)
         self.planner = Planner(0, CostModel(cfg.cost_prior))
         # Static lists are members from the start; dns:/// targets fill in at start_background.
         self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s, tls=cfg)

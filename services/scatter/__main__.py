@@ -17,9 +17,8 @@ from common.engine.hybrid_engine import HybridEngine
 from common.mesh import service
 from common.mesh.log import adopt_library_loggers
 from common.mesh.auth import read_secret
-from common.mesh.segcache_ring import RECONNECT_OPTIONS, SegcacheRing
-from common.mesh.server import channel_options
-from common.mesh.tls import open_channel
+from common.mesh.channels import channel_options, open_channel
+from common.mesh.segcache_ring import RECONNECT_MAX_MS, SegcacheRing
 from common.mesh.server import format_address
 from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
 from services.scatter.config import ENV_PREFIX, ScatterConfig
@@ -50,7 +49,7 @@ class ScatterService(service.Service):
         host = socket.gethostname() if cfg.host in ("0.0.0.0", "::", "") else cfg.host
         self.worker = cfg.worker or f"scatter@{format_address(host, port)}"
         # One address or many: each entry goes to its key's instance (rendezvous hashing).
-        options = channel_options(cfg.max_message_bytes) + RECONNECT_OPTIONS
+        options = channel_options(cfg.max_message_bytes, max_backoff_ms=RECONNECT_MAX_MS)
         self.segcache = (SegcacheRing(cfg.segcache_address, max_message_bytes=cfg.max_message_bytes,
                                       timeout_s=cfg.segcache_timeout_s,
                                       open_channel=lambda a: open_channel(a, options, cfg),
