@@ -16,7 +16,6 @@ import os
 import time
 import uuid
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import grpc
@@ -39,60 +38,18 @@ from services.router import metrics as m
 from services.router.claims import Claimed, claim_misses
 from services.router.config import RouterConfig
 from services.router.model import ModelInfo
-from services.router.planner import CostModel, Job, Planner, Ticket
+from services.router.planner import CostModel, Job, Planner
 from services.router.pools import CombinePool, ScatterPool
+from services.router.request import RequestState, norm_tier, tier_name
 
 log = structlog.get_logger("router.servicer")
 
 SERVICE_NAME = "hypic.v1.Router"
 
 
-def tier_name(tier: int) -> str:
-    """'device' | 'host' | 'disk' for a segcache Tier."""
-    return segcache_pb.Tier.Name(tier).removeprefix("TIER_").lower() if tier in segcache_pb.Tier.values() else str(tier)
-
-
-def _norm_tier(text: str) -> str:
-    return text.strip().lower().removeprefix("tier_")
-
-
 def stop_at_eos(request: router_pb.GenerateRequest) -> bool:
     """Whether to stop at EOS: as the request says, true when it says nothing."""
     return request.stop_at_eos if request.HasField("stop_at_eos") else True
-
-
-# ---- per-request state ----------------------------------------------------------------------
-
-@dataclass
-class _Request:
-    rid: str
-    mode: int
-    t0: float
-    deadline: float
-    segments: list[list[int]] = field(default_factory=list)
-    query: list[int] = field(default_factory=list)
-    prompt_tokens: int = 0
-    tokenize_s: float = 0.0
-    lookup_s: float = 0.0
-    planned_tiers: dict[int, str] = field(default_factory=dict)   # segment index -> tier (hits)
-    planned_misses: int = 0
-    ticket: Ticket | None = None
-    ready: dict[int, tuple[int, str]] = field(default_factory=dict)  # index -> (source, tier)
-    trace: dict[int, router_pb.SegmentTrace] = field(default_factory=dict)  # index -> where it came from
-    combine_timings: router_pb.Timings = field(default_factory=router_pb.Timings)
-    ttft_s: float = 0.0
-    tokens_sent: int = 0
-    seam: int = 0                  # the plan's seam window (cached bodies exclude it)
-
-    @property
-    def mode_name(self) -> str:
-        try:
-            return modes.from_wire(self.mode)
-        except ValueError:
-            return "unknown"  # metric labels come from a closed set
-
-    def remaining(self) -> float:
-        return self.deadline - time.monotonic()
 
 
 class RouterServicer(router_grpc.RouterServicer):
@@ -169,7 +126,7 @@ class RouterServicer(router_grpc.RouterServicer):
         structlog.contextvars.bind_contextvars(request_id=rid)
         remaining = context.time_remaining()
         budget = self.cfg.request_timeout_s if remaining is None else remaining
-        req = _Request(rid=rid, mode=request.mode, t0=t0, deadline=time.monotonic() + budget)
+        req = RequestState(rid=rid, mode=request.mode, t0=t0, deadline=time.monotonic() + budget)
         code = "OK"
         if self.in_flight >= self.cfg.max_in_flight:
             m.REQUESTS.labels(req.mode_name, "RESOURCE_EXHAUSTED").inc()
@@ -206,7 +163,7 @@ class RouterServicer(router_grpc.RouterServicer):
                 self._publish_loads()
 
     # ---- stages --------------------------------------------------------------------------------
-    async def _prepare(self, request: router_pb.GenerateRequest, req: _Request) -> None:
+    async def _prepare(self, request: router_pb.GenerateRequest, req: RequestState) -> None:
         """Validate and tokenize (INVALID_ARGUMENT on anything malformed)."""
         cfg = self.cfg
         bad = grpc.StatusCode.INVALID_ARGUMENT
@@ -270,7 +227,7 @@ class RouterServicer(router_grpc.RouterServicer):
         req.query = ids[-1]  # type: ignore[assignment]
         req.prompt_tokens = total
 
-    async def _claim_misses(self, keys: list[str], req: _Request) -> Claimed:
+    async def _claim_misses(self, keys: list[str], req: RequestState) -> Claimed:
         """Claim the misses (services.router.claims)."""
         cfg = self.cfg
         if self.segcache is None or not keys or cfg.claim_lease_s <= 0:
@@ -286,10 +243,10 @@ class RouterServicer(router_grpc.RouterServicer):
     def _segcache_instances(self) -> str:
         return ",".join(self.segcache.healthy()) if self.segcache is not None else ""
 
-    def _md(self, req: _Request) -> list[tuple[str, str]]:
+    def _md(self, req: RequestState) -> list[tuple[str, str]]:
         return [(REQUEST_ID_KEY, req.rid)]
 
-    async def _lookup(self, keys: list[str], req: _Request) -> dict[str, segcache_pb.EntryInfo]:
+    async def _lookup(self, keys: list[str], req: RequestState) -> dict[str, segcache_pb.EntryInfo]:
         """Which keys segcache holds; any failure or slowness means "all misses"."""
         if self.segcache is None or not keys:
             return {}
@@ -325,7 +282,7 @@ class RouterServicer(router_grpc.RouterServicer):
         m.STAGE.labels("lookup").observe(req.lookup_s)
         return found
 
-    async def _plan(self, request: router_pb.GenerateRequest, req: _Request) -> combine_pb.Plan:
+    async def _plan(self, request: router_pb.GenerateRequest, req: RequestState) -> combine_pb.Plan:
         cfg = self.cfg
         mode = modes.from_wire(request.mode)
         cached_modes = modes.uses_entries(mode)
@@ -391,13 +348,13 @@ class RouterServicer(router_grpc.RouterServicer):
                  workers=[a.worker for a in (req.ticket.assignments if req.ticket else [])])
         return plan
 
-    def _on_segment(self, plan: combine_pb.Plan, req: _Request, ready: combine_pb.SegmentReady) -> None:
+    def _on_segment(self, plan: combine_pb.Plan, req: RequestState, ready: combine_pb.SegmentReady) -> None:
         i = ready.index
         if i >= len(plan.segments):
             log.warning("SegmentReady for an unknown index", index=i)
             return
         ps = plan.segments[i]
-        tier = _norm_tier(ready.tier) or req.planned_tiers.get(i, "")
+        tier = norm_tier(ready.tier) or req.planned_tiers.get(i, "")
         req.ready[i] = (ready.source, tier)
         req.trace[i] = router_pb.SegmentTrace(
             index=i, source=combine_pb.SegmentSource.Name(ready.source).removeprefix("SOURCE_").lower()
@@ -414,51 +371,7 @@ class RouterServicer(router_grpc.RouterServicer):
                 self._publish_cost()
             self._publish_loads()
 
-    def _timings(self, req: _Request, final: bool) -> router_pb.Timings:
-        t = router_pb.Timings()
-        t.CopyFrom(req.combine_timings)
-        t.tokenize_s = req.tokenize_s
-        t.lookup_s = req.lookup_s
-        t.ttft_s = req.ttft_s
-        t.total_s = time.perf_counter() - req.t0 if final else req.ttft_s
-        t.segments = len(req.segments)
-        t.prompt_tokens = req.prompt_tokens
-        t.ClearField("hits_by_tier")
-        if final:
-            t.trace.extend(req.trace[i] for i in sorted(req.trace))
-        if req.ready:
-            hits = [tier for src, tier in req.ready.values() if src == combine_pb.SOURCE_SEGCACHE]
-            t.hits = len(hits)
-            t.misses = len(req.ready) - len(hits)
-            tiers = hits
-        elif req.combine_timings.hits or req.combine_timings.misses:
-            tiers = []
-            t.hits_by_tier.update(req.combine_timings.hits_by_tier)
-        else:
-            tiers = list(req.planned_tiers.values())
-            t.hits = len(tiers)
-            t.misses = req.planned_misses
-        for tier in tiers:
-            key = tier or "unknown"
-            t.hits_by_tier[key] = t.hits_by_tier.get(key, 0) + 1
-        self._cached_tokens(req, t)
-        return t
-
-    def _cached_tokens(self, req: _Request, t: router_pb.Timings) -> None:
-        """Tokens served from cache: each segcache hit's body (its seam window is recomputed)."""
-        hits = {i: tier for i, (src, tier) in req.ready.items() if src == combine_pb.SOURCE_SEGCACHE} \
-            if req.ready else dict(req.planned_tiers)
-        t.cached_tokens = 0
-        t.ClearField("cached_tokens_by_tier")
-        for i, tier in hits.items():
-            if i >= len(req.segments):
-                continue
-            body = max(0, len(req.segments[i]) - req.seam)
-            key = tier or "unknown"
-            t.cached_tokens += body
-            t.cached_tokens_by_tier[key] = t.cached_tokens_by_tier.get(key, 0) + body
-
-    async def _execute(self, plan: combine_pb.Plan, req: _Request) -> AsyncIterator[router_pb.GenerateEvent]:
+    async def _execute(self, plan: combine_pb.Plan, req: RequestState) -> AsyncIterator[router_pb.GenerateEvent]:
         md = self._md(req)
         detok = self.model.detokenizer()
         last_error = ""
@@ -491,10 +404,10 @@ class RouterServicer(router_grpc.RouterServicer):
                         yield router_pb.GenerateEvent(request_id=req.rid, token=tok)
                         if first:
                             yield router_pb.GenerateEvent(request_id=req.rid,
-                                                   timings=self._timings(req, final=False))
+                                                   timings=req.timings(final=False))
                     elif kind == "timings":
                         req.combine_timings.CopyFrom(ev.timings)
-                final = self._timings(req, final=True)
+                final = req.timings(final=True)
                 log.info("done", combine=c.address, tokens=req.tokens_sent,
                          ttft_s=round(req.ttft_s, 4), total_s=round(final.total_s, 4),
                          hits=final.hits, misses=final.misses)
