@@ -39,7 +39,8 @@ from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
 from protos.hypic.v1 import router_pb2 as router_pb
 from services.combine import metrics as m
 from services.combine.config import CombineConfig
-from services.combine.fetch import Acquired, Deadline, DeadlineExceeded, Peers, RequestCtx, acquire
+from services.combine.fetch import Acquired, Deadline, DeadlineExceeded, RequestCtx, acquire
+from services.combine.peers import Peers
 
 log = structlog.get_logger("combine.servicer")
 
