@@ -25,7 +25,7 @@ from services.segcache.nixl_agent import LeaseManager
 from services.segcache.uploads import UploadBudget, paced
 from services.segcache.claims import MAX_HOLDER_BYTES, MAX_LEASE_S, ClaimTable
 from services.segcache.remote_tier import MooncakeTier
-from services.segcache.store import EntryInfo, SegcacheError, SegmentStore
+from services.segcache.store import EntryInfo, SegcacheError, SegmentStore, check_entry_size, check_key
 
 log = structlog.get_logger("segcache.servicer")
 
@@ -69,7 +69,7 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
 
     def _key(self, key: str) -> str:
         try:
-            return self.store.validate_key(key)
+            return check_key(key, self.cfg.max_key_bytes)
         except SegcacheError as e:
             raise Abort(_status(e), str(e)) from None
 
@@ -136,7 +136,7 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
         if not (math.isfinite(header.recompute_cost_s) and header.recompute_cost_s >= 0):
             raise Abort.invalid("recompute_cost_s must be a finite number >= 0")
         try:
-            self.store.check_size(header.size)
+            check_entry_size(header.size, self.cfg)
         except SegcacheError as e:
             raise Abort(_status(e), str(e)) from None
 
