@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from common.engine.pic.reuse import compose_and_query, without_arenas
 from common.engine.pic.runs import arrived_run
 from common.engine.pic.seal import load_secret
 from common.mesh.abort import Abort
-from common.mesh.checks import check_model, check_seam, check_temperature, expected_key
+from common.mesh.checks import WorkerModel, check_plan
 from common.mesh.guard import internal_details
 from common.mesh.log import new_request_id, sanitize_request_id
 from protos.hypic.v1 import combine_pb2 as combine_pb
@@ -124,6 +123,7 @@ class CombineServicer(combine_grpc.CombineServicer):
         self.cfg = cfg
         self.engine = engine
         self.dtype = dtype_name(engine.dtype)
+        self.worker_model = WorkerModel(engine.fingerprint, self.dtype, engine.vocab_size)
         self.secret = load_secret(cfg.entry_key_file)
         self.eos = eos_token_ids(engine, cfg.model)  # type: ignore[arg-type]
         self.peers = Peers(cfg)
@@ -140,66 +140,16 @@ class CombineServicer(combine_grpc.CombineServicer):
         self.engine_thread.shutdown(wait=True, cancel_futures=True)
 
     # ---- validation ---------------------------------------------------------------------
-    def _validate(self, plan: combine_pb.Plan) -> tuple[str, list[list[int]], list[str], list[int]]:
-        """(canonical mode, segments, keys, query) of a plan; Abort on anything malformed."""
-        try:
-            mode = modes.from_wire(plan.mode)
-        except ValueError as e:
-            raise Abort.invalid(str(e)) from None
-        self._check_limits(plan)
-        segs = [self._check_segment(plan, i, s) for i, s in enumerate(plan.segments)]
-        try:
-            query = self.engine.check_tokens(plan.query)
-        except ValueError as e:
-            raise Abort.invalid(f"query: {e}") from None
-        check_model(plan.model_fingerprint, plan.dtype, worker_fingerprint=self.engine.fingerprint,
-                    worker_dtype=self.dtype)
-        seam = modes.seam_for(mode, int(plan.seam))
-        # Only modes that use entries carry keys; the others' keys are never read.
-        fingerprint, uses_entries = self.engine.fingerprint, modes.uses_entries(mode)
-        keys = [expected_key(s.key if uses_entries else "", ids, fingerprint=fingerprint, seam=seam,
-                             dtype=self.dtype, what=f"segment {i}: key")
-                for i, (s, ids) in enumerate(zip(plan.segments, segs))]
-        return mode, segs, keys, query
-
-    def _check_limits(self, plan: combine_pb.Plan) -> None:
-        if not plan.segments:
-            raise Abort.invalid("no segments")
-        if not plan.query:
-            raise Abort.invalid("empty query: the next-token logits come from the query's last token")
-        if plan.max_tokens == 0:
-            raise Abort.invalid("max_tokens must be > 0")
-        if plan.max_tokens > self.cfg.max_new_tokens:
-            raise Abort.invalid(f"max_tokens {plan.max_tokens} > {self.cfg.max_new_tokens}")
-        check_temperature(plan.temperature)
-        check_seam(plan.seam)
-        if not (math.isfinite(plan.top_p) and 0 <= plan.top_p <= 1):
-            raise Abort.invalid("top_p must be in [0, 1]")
-        total = sum(len(s.token_ids) for s in plan.segments) + len(plan.query)
-        if total > self.cfg.max_prompt_tokens:
-            raise Abort.invalid(f"prompt of {total} tokens; at most {self.cfg.max_prompt_tokens}")
-
-    def _check_segment(self, plan: combine_pb.Plan, i: int, s: combine_pb.PlannedSegment) -> list[int]:
-        if not s.token_ids:
-            raise Abort.invalid(f"segment {i} is empty")
-        if s.source not in SOURCES:
-            raise Abort.invalid(f"segment {i}: unknown source {s.source}")
-        n_addr = len(plan.scatter_addresses)
-        if s.source == combine_pb.SOURCE_SCATTER and s.worker >= n_addr:
-            raise Abort.invalid(f"segment {i}: worker {s.worker} but {n_addr} scatter addresses")
-        try:
-            return self.engine.check_tokens(s.token_ids)
-        except ValueError as e:
-            raise Abort.invalid(f"segment {i}: {e}") from None
-
     def _start(self, plan: combine_pb.Plan, rid: str, t_start: float, context) -> _Execution:
         """A validated plan, ready to run (Abort when it is not valid)."""
-        mode, segs, keys, query = self._validate(plan)
+        checked = check_plan(plan, self.worker_model, max_new_tokens=self.cfg.max_new_tokens,
+                             max_prompt_tokens=self.cfg.max_prompt_tokens)
+        mode, segs, keys, query = checked.mode, checked.segments, checked.keys, checked.query
         remaining = context.time_remaining()
         ctx = RequestCtx(
             cfg=self.cfg, peers=self.peers, engine=self.engine, run=self.run, request_id=rid,
             deadline=Deadline(remaining if remaining is not None else self.cfg.default_timeout_s),
-            seam=modes.seam_for(mode, int(plan.seam)), dtype=self.dtype,
+            seam=checked.seam, dtype=self.dtype,
             scatter_addresses=list(plan.scatter_addresses),
             segcache_address=plan.segcache_address or self.cfg.segcache_address,
             store=plan.store_entries,

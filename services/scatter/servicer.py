@@ -28,7 +28,7 @@ from common.engine.pic import BuildCancelled
 from common.engine.pic.entry import dtype_name
 from common.engine.pic.seal import load_secret, seal
 from common.mesh.abort import Abort
-from common.mesh.checks import check_model, expected_key, stream_chunk
+from common.mesh.checks import WorkerModel, check_build, stream_chunk
 from common.mesh.guard import internal_details
 from common.mesh.log import sanitize_request_id
 from common.mesh.segcache_client import checksum
@@ -75,25 +75,14 @@ class ScatterServicer(scatter_grpc.ScatterServicer):
         self.segcache = segcache
         self.worker = worker
         self.dtype = dtype_name(engine.dtype)
+        self.worker_model = WorkerModel(engine.fingerprint, self.dtype, engine.vocab_size)
         self.secret = load_secret(cfg.entry_key_file)
         self.flights: dict[str, Flight] = {}  # key -> flight, until its store phase is over
         self.pending: dict[str, Flight] = {}  # key -> flight whose build is queued or running
 
     # ---- validation ---------------------------------------------------------------------
     def _validate(self, req: scatter_pb.BuildRequest) -> list[int]:
-        if not req.token_ids:
-            raise Abort.invalid("empty segment")
-        if len(req.token_ids) > self.cfg.max_segment_tokens:
-            raise Abort.invalid(f"{len(req.token_ids)} tokens; at most {self.cfg.max_segment_tokens}")
-        try:
-            ids = self.engine.check_tokens(req.token_ids)
-        except ValueError as e:
-            raise Abort.invalid(str(e)) from None
-        check_model(req.model_fingerprint, req.dtype, worker_fingerprint=self.engine.fingerprint,
-                    worker_dtype=self.dtype)
-        expected_key(req.key, ids, fingerprint=self.engine.fingerprint, seam=int(req.seam), dtype=self.dtype,
-                     required=True)
-        return ids
+        return check_build(req, self.worker_model, max_segment_tokens=self.cfg.max_segment_tokens)
 
     # ---- the flight ---------------------------------------------------------------------
     def _build(self, fl: Flight) -> Built:
