@@ -235,13 +235,8 @@ def _add_credential_flags(p: argparse.ArgumentParser, *, api_key: bool = True) -
                        help="sent as 'authorization: Bearer KEY' [env HYPIC_API_KEY]")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from hypic.client import MODE_NAMES, MODES
-
-    ap = argparse.ArgumentParser(prog="hypic", description="Hypic: position-independent caching "
-                                 "for hybrid-attention LLMs")
-    sub = ap.add_subparsers(dest="command", required=True)
-
+def _add_up_parser(sub: Any) -> None:
+    """`hypic up`: the flags of hypic.launcher.Mesh."""
     up = sub.add_parser("up", help="run the whole mesh locally")
     up.add_argument("--model", default=None, help="checkpoint directory "
                     "(default: the bundled models/hypic-tiny-qwen35)")
@@ -287,6 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "in DATA_DIR/entry.key and shared by every service of the mesh")
     up.set_defaults(func=cmd_up)
 
+
+def _add_generate_parser(sub: Any) -> None:
+    """`hypic generate`: one request's segments, query and sampling."""
+    from hypic.client import MODE_NAMES, MODES
+
     gen = sub.add_parser("generate", help="one generation against a router")
     gen.add_argument("--address", default="127.0.0.1:50051")
     gen.add_argument("--segment", dest="segments", action="append", metavar="TEXT",
@@ -309,6 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="wait and print the result as JSON")
     _add_credential_flags(gen)
     gen.set_defaults(func=cmd_generate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="hypic", description="Hypic: position-independent caching "
+                                 "for hybrid-attention LLMs")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    _add_up_parser(sub)
+    _add_generate_parser(sub)
 
     info = sub.add_parser("info", help="the router's model and mesh")
     info.add_argument("--address", default="127.0.0.1:50051")

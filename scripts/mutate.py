@@ -170,7 +170,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.planner.release(req.ticket)", "pass",
            ("tests/test_mutation_guards_router.py",)),
     Mutant("router-cost-model-never-learns", "services/router/servicer.py",
-           "build_s = ready.build_s if ready.source == cpb.SOURCE_SCATTER else 0.0", "build_s = 0.0",
+           "build_s = ready.build_s if ready.source == combine_pb.SOURCE_SCATTER else 0.0", "build_s = 0.0",
            ("tests/test_mutation_guards_mesh.py", "-k", "cost_model")),
     # -- cache policy ----------------------------------------------------------------------------------
     Mutant("gdsf-ignores-cost", "services/segcache/policy.py",

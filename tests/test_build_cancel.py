@@ -24,8 +24,8 @@ import hypic
 from common.engine.hybrid_engine import HybridEngine
 from common.engine.pic import BuildCancelled
 from hypic.launcher import Mesh
-from protos.hypic.v1 import scatter_pb2 as spb
-from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
+from protos.hypic.v1 import scatter_pb2 as scatter_pb
+from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
 from tiny import PIC_CONFIGS, save_tiny
 
 SEAM = 8
@@ -180,9 +180,9 @@ def wait_idle(mesh, timeout_s: float = 60.0) -> float:
     """Seconds until the scatter reports no build running or queued (Scatter.Load)."""
     t0 = time.monotonic()
     with grpc.insecure_channel(mesh["scatter0"].address) as ch:
-        stub = spb_grpc.ScatterStub(ch)
+        stub = scatter_grpc.ScatterStub(ch)
         while time.monotonic() - t0 < timeout_s:
-            if stub.Load(spb.LoadRequest(), timeout=10).in_flight == 0:
+            if stub.Load(scatter_pb.LoadRequest(), timeout=10).in_flight == 0:
                 return time.monotonic() - t0
             time.sleep(0.05)
     raise AssertionError("scatter still busy")

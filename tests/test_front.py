@@ -18,7 +18,7 @@ import hypic
 from bench.quality.tasks import eval_prompt, make_query
 from common.mesh.config import load_config
 from hypic.launcher import DEFAULT_MODEL, Mesh
-from protos.hypic.v1 import router_pb2 as pb
+from protos.hypic.v1 import router_pb2 as router_pb
 from services.front.app import create_app
 from services.front.config import ENV_PREFIX, FrontConfig
 from services.front.segments import ChatTemplate, chat_prompt, completion_prompt
@@ -357,9 +357,9 @@ def test_stop_matcher_equals_reference_on_random_streams(fresh_seed: int) -> Non
 
 
 def test_router_stops_at_eos_unless_told_not_to() -> None:
-    assert stop_at_eos(pb.GenerateRequest()) is True
-    assert stop_at_eos(pb.GenerateRequest(stop_at_eos=False)) is False
-    assert stop_at_eos(pb.GenerateRequest(stop_at_eos=True)) is True
+    assert stop_at_eos(router_pb.GenerateRequest()) is True
+    assert stop_at_eos(router_pb.GenerateRequest(stop_at_eos=False)) is False
+    assert stop_at_eos(router_pb.GenerateRequest(stop_at_eos=True)) is True
     assert hypic.client.build_request(["a"], "q").stop_at_eos is True
 
 

@@ -25,7 +25,7 @@ from google.protobuf.message_factory import GetMessageClass
 
 import hypic
 from hypic.launcher import DEFAULT_MODEL, Mesh
-from protos.hypic.v1 import combine_pb2, router_pb2, scatter_pb2, segcache_pb2
+from protos.hypic.v1 import combine_pb2 as combine_pb, router_pb2 as router_pb, scatter_pb2 as scatter_pb, segcache_pb2 as segcache_pb
 from tiny import PIC_CONFIGS, save_tiny
 
 pytestmark = pytest.mark.timeout(600)
@@ -36,8 +36,8 @@ CLEAN = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.N
          grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS,
          grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.CANCELLED}
 LEAKS = ("Traceback", "Unexpected <class", "Error:", "Exception", "File \"")
-SERVICES = {"router": (router_pb2, "Router"), "combine": (combine_pb2, "Combine"),
-            "scatter": (scatter_pb2, "Scatter"), "segcache": (segcache_pb2, "Segcache")}
+SERVICES = {"router": (router_pb, "Router"), "combine": (combine_pb, "Combine"),
+            "scatter": (scatter_pb, "Scatter"), "segcache": (segcache_pb, "Segcache")}
 
 INTS = [0, 1, 2, 7, 255, 2**31 - 1, 2**31, 2**32 - 1]
 INTS64 = INTS + [2**63 - 1, 2**64 - 1]

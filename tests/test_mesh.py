@@ -18,8 +18,8 @@ import torch
 import hypic
 from common.engine.hybrid_engine import HybridEngine
 from hypic.launcher import Mesh
-from protos.hypic.v1 import router_pb2 as pb
-from protos.hypic.v1 import router_pb2_grpc as pb_grpc
+from protos.hypic.v1 import router_pb2 as router_pb
+from protos.hypic.v1 import router_pb2_grpc as router_grpc
 from tiny import PIC_CONFIGS, save_tiny
 
 SEAM = 8
@@ -142,22 +142,22 @@ def test_combine_unavailable_is_unavailable_within_the_deadline(model, tmp_path)
 
 
 def _bad(stub, **kw):
-    req = pb.GenerateRequest(**kw)
+    req = router_pb.GenerateRequest(**kw)
     with pytest.raises(grpc.RpcError) as e:
         list(stub.Generate(req, timeout=30))
     return e.value.code()
 
 
 def test_bad_input_gets_clear_status_and_services_stay_up(mesh, engine):
-    seg = pb.Segment(token_ids=[1, 2, 3])
+    seg = router_pb.Segment(token_ids=[1, 2, 3])
     with grpc.insecure_channel(mesh.router_address) as ch:
-        stub = pb_grpc.RouterStub(ch)
+        stub = router_grpc.RouterStub(ch)
         assert _bad(stub, segments=[], query=seg, max_tokens=2) == grpc.StatusCode.INVALID_ARGUMENT
-        assert _bad(stub, segments=[pb.Segment()], query=seg, max_tokens=2) == grpc.StatusCode.INVALID_ARGUMENT
-        assert _bad(stub, segments=[pb.Segment(token_ids=[engine.vocab_size])], query=seg,
+        assert _bad(stub, segments=[router_pb.Segment()], query=seg, max_tokens=2) == grpc.StatusCode.INVALID_ARGUMENT
+        assert _bad(stub, segments=[router_pb.Segment(token_ids=[engine.vocab_size])], query=seg,
                     max_tokens=2) == grpc.StatusCode.INVALID_ARGUMENT
         assert _bad(stub, segments=[seg], query=seg, max_tokens=0) == grpc.StatusCode.INVALID_ARGUMENT
-        assert _bad(stub, segments=[pb.Segment(token_ids=[1] * 6100)], query=seg,
+        assert _bad(stub, segments=[router_pb.Segment(token_ids=[1] * 6100)], query=seg,
                     max_tokens=2) == grpc.StatusCode.INVALID_ARGUMENT
     garbage = random.Random(0).randbytes(10 << 20)
     for name, addr in mesh.addresses.items():

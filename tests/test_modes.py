@@ -4,17 +4,17 @@ from __future__ import annotations
 import pytest
 
 from common.engine import modes
-from protos.hypic.v1 import router_pb2 as rpb
+from protos.hypic.v1 import router_pb2 as router_pb
 
 
 def test_wire_values_equal_the_proto_enum() -> None:
-    proto = {name.removeprefix("PREFILL_MODE_").lower(): value for name, value in rpb.PrefillMode.items()}
+    proto = {name.removeprefix("PREFILL_MODE_").lower(): value for name, value in router_pb.PrefillMode.items()}
     canonical = {name: value for name, value in proto.items() if name not in modes.ALIASES}
     assert canonical == {m: modes.to_wire(m) for m in modes.MODES}
     for alias, target in modes.ALIASES.items():
         assert proto[alias] == modes.to_wire(target)
-    for value in rpb.PrefillMode.values():
-        assert modes.from_wire(value) == rpb.PrefillMode.Name(value).removeprefix("PREFILL_MODE_").lower()
+    for value in router_pb.PrefillMode.values():
+        assert modes.from_wire(value) == router_pb.PrefillMode.Name(value).removeprefix("PREFILL_MODE_").lower()
     assert modes.to_wire(modes.DEFAULT) == 0  # proto3's unset value is the default mode
 
 

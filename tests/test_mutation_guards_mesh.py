@@ -23,9 +23,9 @@ import pytest
 import hypic
 from common.engine.fingerprint import model_fingerprint, segment_key
 from hypic.launcher import Mesh
-from protos.hypic.v1 import combine_pb2 as cpb
-from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
-from protos.hypic.v1 import router_pb2 as rpb
+from protos.hypic.v1 import combine_pb2 as combine_pb
+from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
+from protos.hypic.v1 import router_pb2 as router_pb
 from tiny import PIC_CONFIGS, save_tiny
 
 SEAM = 8
@@ -93,20 +93,20 @@ def hanging_peer():
     peer.close()
 
 
-def plan(mesh: Mesh, segs, query, source, *, scatter: str, segcache: str) -> cpb.Plan:
+def plan(mesh: Mesh, segs, query, source, *, scatter: str, segcache: str) -> combine_pb.Plan:
     fp = model_fingerprint(mesh.model)
-    return cpb.Plan(
-        segments=[cpb.PlannedSegment(key=segment_key(fp, SEAM, "float32", s), token_ids=s, source=source)
+    return combine_pb.Plan(
+        segments=[combine_pb.PlannedSegment(key=segment_key(fp, SEAM, "float32", s), token_ids=s, source=source)
                   for s in segs],
-        query=query, seam=SEAM, model_fingerprint=fp, dtype="float32", mode=rpb.PREFILL_MODE_HYPIC,
+        query=query, seam=SEAM, model_fingerprint=fp, dtype="float32", mode=router_pb.PREFILL_MODE_HYPIC,
         max_tokens=2, scatter_addresses=[scatter], segcache_address=segcache, store_entries=False)
 
 
-def execute(address: str, p: cpb.Plan, timeout_s: float) -> tuple[grpc.StatusCode, float]:
+def execute(address: str, p: combine_pb.Plan, timeout_s: float) -> tuple[grpc.StatusCode, float]:
     t0 = time.monotonic()
     with grpc.insecure_channel(address) as ch:
         try:
-            list(cpb_grpc.CombineStub(ch).Execute(p, timeout=timeout_s))
+            list(combine_grpc.CombineStub(ch).Execute(p, timeout=timeout_s))
         except grpc.RpcError as e:
             return e.code(), time.monotonic() - t0
     return grpc.StatusCode.OK, time.monotonic() - t0
@@ -118,11 +118,11 @@ def test_combine_passes_the_callers_remaining_time_downstream(mesh, hanging_peer
     g = random.Random(fresh_seed)
     segs = [[g.randrange(1, 500) for _ in range(n)] for n in (30, 12)]
     if peer_role == "scatter":  # misses go to a scatter worker that hangs
-        p = plan(mesh, segs, [3, 4], cpb.SOURCE_SCATTER, scatter=hanging_peer.address,
+        p = plan(mesh, segs, [3, 4], combine_pb.SOURCE_SCATTER, scatter=hanging_peer.address,
                  segcache=mesh.segcache_address)
         watched = {"Build"}
     else:  # planned hits, from a segcache that hangs (and a hanging scatter for the rebuild)
-        p = plan(mesh, segs, [3, 4], cpb.SOURCE_SEGCACHE, scatter=hanging_peer.address,
+        p = plan(mesh, segs, [3, 4], combine_pb.SOURCE_SEGCACHE, scatter=hanging_peer.address,
                  segcache=hanging_peer.address)
         watched = {"Lookup", "Get", "Build"}  # (NixlInfo: a background probe, no request's)
     caller_s = 5.0  # under combine's own caps (segcache_timeout_s 10, default 300); room to connect
@@ -136,7 +136,7 @@ def test_combine_passes_the_callers_remaining_time_downstream(mesh, hanging_peer
             # 50 ms of slack: the grpc-timeout header is rounded up to its unit (the mutant hands on 10 s+)
             assert t is not None and t <= caller_s + 0.05, (m, t)
     # combine is free again at once: a request that needs nothing from the hung peer succeeds
-    ok = plan(mesh, [segs[0]], [5], cpb.SOURCE_LOCAL, scatter=hanging_peer.address, segcache="")
+    ok = plan(mesh, [segs[0]], [5], combine_pb.SOURCE_LOCAL, scatter=hanging_peer.address, segcache="")
     assert execute(mesh.addresses["combine0"], ok, 60)[0] == grpc.StatusCode.OK
 
 

@@ -12,7 +12,7 @@ import urllib.request
 
 import grpc
 
-from protos.hypic.v1 import router_pb2 as pb
+from protos.hypic.v1 import router_pb2 as router_pb
 from test_router import call, mesh, seg  # noqa: F401  (mesh: the module fixture)
 
 
@@ -26,7 +26,7 @@ def worker_loads(svc) -> dict[str, float]:
 def test_failed_request_gives_its_worker_load_back(mesh, fresh_seed) -> None:  # noqa: F811
     g = random.Random(fresh_seed)
     segs = [[g.randrange(1, 500) for _ in range(n)] for n in (20, 9, 25)]  # max_prompt_tokens 64
-    req = pb.GenerateRequest(segments=[seg(ids=s) for s in segs], query=seg(ids=[3, 4]), max_tokens=2)
+    req = router_pb.GenerateRequest(segments=[seg(ids=s) for s in segs], query=seg(ids=[3, 4]), max_tokens=2)
     for attempt in range(2):  # the same keys again: planned afresh, and given back again
         code, details, _ = call(mesh["a"], req, timeout=5.0, rid=f"rid-release-{fresh_seed}-{attempt}")
         assert code == grpc.StatusCode.UNAVAILABLE, details

@@ -47,7 +47,7 @@ def test_grpc_tools_matches_generated_version() -> None:
 
 def test_generated_modules_import() -> None:
     sys.path.insert(0, str(REPO))
-    from protos.hypic.v1 import segcache_pb2, segcache_pb2_grpc
+    from protos.hypic.v1 import segcache_pb2 as segcache_pb, segcache_pb2_grpc as segcache_grpc
 
-    assert segcache_pb2.DESCRIPTOR.package == "hypic.v1"
-    assert hasattr(segcache_pb2_grpc, "SegcacheStub")
+    assert segcache_pb.DESCRIPTOR.package == "hypic.v1"
+    assert hasattr(segcache_grpc, "SegcacheStub")

@@ -20,7 +20,7 @@ import pytest
 
 from common.mesh.segcache_client import SegcacheClient
 from hypic.launcher import find_master_binary, mooncake_missing
-from protos.hypic.v1 import segcache_pb2 as pb
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from services.segcache.records import checksum
 from services.segcache.remote_tier import pack, parse_remote_url, unpack
 from test_segcache_service import SegcacheProcess
@@ -159,16 +159,16 @@ def test_entry_put_through_a_is_a_hit_through_b_and_corrupt_bytes_are_a_miss(box
         async with SegcacheClient(a.target, timeout_s=10) as ca, SegcacheClient(b.target, timeout_s=10) as cb:
             async def b_sees_all():
                 infos = await cb.lookup(keys)
-                return all(i.tier == pb.TIER_REMOTE for i in infos)
-            assert all(i.tier == pb.TIER_MISS for i in await cb.lookup(keys))
+                return all(i.tier == segcache_pb.TIER_REMOTE for i in infos)
+            assert all(i.tier == segcache_pb.TIER_MISS for i in await cb.lookup(keys))
             for k in keys:
                 await ca.put(k, blobs[k], token_count=5, recompute_cost_s=0.25)
             await _until(b_sees_all)  # written behind to the store, seen by B's batched is_exist
             for k in keys:
                 info, data = await cb.get_with_info(k)  # read, verified, promoted into B
                 assert bytes(data) == blobs[k] and info.token_count == 5
-                assert info.tier == pb.TIER_REMOTE
-            assert all(i.tier == pb.TIER_HOST for i in await cb.lookup(keys))
+                assert info.tier == segcache_pb.TIER_REMOTE
+            assert all(i.tier == segcache_pb.TIER_HOST for i in await cb.lookup(keys))
 
             # Garbage under a key in the store: B never serves it.
             from mooncake.store import MooncakeDistributedStore
@@ -186,7 +186,7 @@ def test_entry_put_through_a_is_a_hit_through_b_and_corrupt_bytes_are_a_miss(box
             assert store.put(garbage_key, rng.randbytes(3000)) == 0
             for k in (bad_key, garbage_key):
                 assert await cb.get(k) is None  # NOT_FOUND: a miss, never the bytes
-            assert all(i.tier != pb.TIER_HOST for i in await cb.lookup([bad_key, garbage_key]))
+            assert all(i.tier != segcache_pb.TIER_HOST for i in await cb.lookup([bad_key, garbage_key]))
             store.close()
 
     asyncio.run(run())
@@ -226,7 +226,7 @@ def test_master_killed_mid_load_fails_no_call(boxes, fresh_seed):
             # After the health check notices, calls do not wait on the dead master.
             t = time.monotonic()
             infos = await cb.lookup(keys[-5:] + ["never"])
-            assert infos[-1].tier == pb.TIER_MISS
+            assert infos[-1].tier == segcache_pb.TIER_MISS
             assert time.monotonic() - t < 1.0
             print(f"[remote] served {served} missed {missed} after kill at call 10; failures {failures}")
             assert not failures
@@ -293,7 +293,7 @@ def test_advertised_name_is_the_segment_peers_reach(tmp_path: Path, fresh_seed):
                 await ca.put(key, blob, token_count=3, recompute_cost_s=0.1)
 
                 async def b_sees_it():
-                    return (await cb.lookup([key]))[0].tier == pb.TIER_REMOTE
+                    return (await cb.lookup([key]))[0].tier == segcache_pb.TIER_REMOTE
                 await _until(b_sees_it)
                 _, data = await cb.get_with_info(key)
                 assert bytes(data) == blob

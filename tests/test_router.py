@@ -21,8 +21,8 @@ import pytest
 
 from common.engine.fingerprint import model_fingerprint, segment_key
 from hypic.launcher import Service
-from protos.hypic.v1 import router_pb2 as pb
-from protos.hypic.v1 import router_pb2_grpc as pb_grpc
+from protos.hypic.v1 import router_pb2 as router_pb
+from protos.hypic.v1 import router_pb2_grpc as router_grpc
 from services.router.config import RouterConfig
 from services.router.planner import (CostModel, Job, Planner, contiguous, lpt, makespan,
                                      round_robin)
@@ -334,11 +334,11 @@ def mesh(tmp_path_factory):
             h.close()
 
 
-def stub(svc: Service) -> pb_grpc.RouterStub:
-    return pb_grpc.RouterStub(grpc.insecure_channel(svc.address))
+def stub(svc: Service) -> router_grpc.RouterStub:
+    return router_grpc.RouterStub(grpc.insecure_channel(svc.address))
 
 
-def call(svc: Service, req: pb.GenerateRequest, timeout: float = 10.0,
+def call(svc: Service, req: router_pb.GenerateRequest, timeout: float = 10.0,
          rid: str | None = None) -> tuple[grpc.StatusCode, str, float]:
     md = [("x-request-id", rid)] if rid else None
     t = time.monotonic()
@@ -349,12 +349,12 @@ def call(svc: Service, req: pb.GenerateRequest, timeout: float = 10.0,
     return grpc.StatusCode.OK, "", time.monotonic() - t
 
 
-def seg(text: str = "", ids=()) -> pb.Segment:
-    return pb.Segment(text=text, token_ids=list(ids))
+def seg(text: str = "", ids=()) -> router_pb.Segment:
+    return router_pb.Segment(text=text, token_ids=list(ids))
 
 
 def test_info_and_fingerprint_contract(mesh) -> None:
-    info = stub(mesh["a"]).Info(pb.InfoRequest(), timeout=5)
+    info = stub(mesh["a"]).Info(router_pb.InfoRequest(), timeout=5)
     fp = model_fingerprint(mesh["model"])
     assert info.model_fingerprint == fp == mesh["a"].info["fingerprint"]
     assert info.vocab_size == 512 and info.model_type == "qwen3_5_text"
@@ -379,24 +379,24 @@ def test_segment_key_is_stable_and_covers_every_field() -> None:
 
 
 @pytest.mark.parametrize("name,req", [
-    ("no segments", pb.GenerateRequest(query=seg("hi"), max_tokens=1)),
-    ("empty segment", pb.GenerateRequest(segments=[seg("a"), seg()], query=seg("q"), max_tokens=1)),
-    ("empty query", pb.GenerateRequest(segments=[seg("a")], max_tokens=1)),
-    ("id >= vocab", pb.GenerateRequest(segments=[seg(ids=[1, 512])], query=seg("q"), max_tokens=1)),
-    ("max_tokens 0", pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=0)),
-    ("over max_prompt_tokens", pb.GenerateRequest(segments=[seg(ids=[1] * 40), seg(ids=[2] * 20)],
+    ("no segments", router_pb.GenerateRequest(query=seg("hi"), max_tokens=1)),
+    ("empty segment", router_pb.GenerateRequest(segments=[seg("a"), seg()], query=seg("q"), max_tokens=1)),
+    ("empty query", router_pb.GenerateRequest(segments=[seg("a")], max_tokens=1)),
+    ("id >= vocab", router_pb.GenerateRequest(segments=[seg(ids=[1, 512])], query=seg("q"), max_tokens=1)),
+    ("max_tokens 0", router_pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=0)),
+    ("over max_prompt_tokens", router_pb.GenerateRequest(segments=[seg(ids=[1] * 40), seg(ids=[2] * 20)],
                                                   query=seg(ids=[3] * 5), max_tokens=1)),
-    ("text over max_prompt_tokens", pb.GenerateRequest(segments=[seg("alice " * 100)],
+    ("text over max_prompt_tokens", router_pb.GenerateRequest(segments=[seg("alice " * 100)],
                                                        query=seg("q"), max_tokens=1)),
-    ("mixed", pb.GenerateRequest(segments=[seg("abc", ids=[1, 2])], query=seg("q"), max_tokens=1)),
-    ("unknown mode", pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1, mode=9)),
-    ("nan temperature", pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1,
+    ("mixed", router_pb.GenerateRequest(segments=[seg("abc", ids=[1, 2])], query=seg("q"), max_tokens=1)),
+    ("unknown mode", router_pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1, mode=9)),
+    ("nan temperature", router_pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1,
                                            temperature=float("nan"))),
-    ("max_tokens over limit", pb.GenerateRequest(segments=[seg("a")], query=seg("q"),
+    ("max_tokens over limit", router_pb.GenerateRequest(segments=[seg("a")], query=seg("q"),
                                                  max_tokens=100_000)),
-    ("denormal temperature", pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1,
+    ("denormal temperature", router_pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1,
                                                 temperature=1e-45)),
-    ("inf temperature", pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1,
+    ("inf temperature", router_pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=1,
                                            temperature=float("inf"))),
 ])
 def test_invalid_arguments(mesh, name, req) -> None:
@@ -431,7 +431,7 @@ def test_undecodable_bytes_are_invalid_argument_on_router_and_segcache(mesh) -> 
 def test_client_messages_carry_no_addresses_and_request_ids_are_ascii(mesh) -> None:
     """A non-ASCII request id is cleaned (not INTERNAL); the UNAVAILABLE answer names no internal
     address (they are in the log, under the request id)."""
-    req = pb.GenerateRequest(segments=[seg(ids=[1, 2, 3])], query=seg(ids=[4]), max_tokens=1,
+    req = router_pb.GenerateRequest(segments=[seg(ids=[1, 2, 3])], query=seg(ids=[4]), max_tokens=1,
                              request_id="r\u00e9q-\u2603-\x07id")
     code, details, _ = call(mesh["a"], req, timeout=2.0)
     assert code == grpc.StatusCode.UNAVAILABLE, details
@@ -442,7 +442,7 @@ def test_client_messages_carry_no_addresses_and_request_ids_are_ascii(mesh) -> N
 
 def test_invalid_modes_share_one_metric_label(mesh) -> None:
     for mode in (9, 17, 1000, 2**31 - 1):
-        code, _, _ = call(mesh["a"], pb.GenerateRequest(segments=[seg("a")], query=seg("q"),
+        code, _, _ = call(mesh["a"], router_pb.GenerateRequest(segments=[seg("a")], query=seg("q"),
                                                          max_tokens=1, mode=mode))
         assert code == grpc.StatusCode.INVALID_ARGUMENT
     port = mesh["a"].info["metrics_port"]
@@ -469,7 +469,7 @@ def test_unreachable_combines_unavailable_within_deadline_and_lookup_hits_planne
 
     asyncio.run(put())
     rid = "rid-hit-plan"
-    req = pb.GenerateRequest(segments=[seg(ids=cached), seg(ids=fresh), seg(ids=cached)],
+    req = router_pb.GenerateRequest(segments=[seg(ids=cached), seg(ids=fresh), seg(ids=cached)],
                              query=seg("bob likes"), max_tokens=4)
     code, details, dt = call(mesh["a"], req, timeout=2.0, rid=rid)
     assert code == grpc.StatusCode.UNAVAILABLE, details
@@ -480,8 +480,8 @@ def test_unreachable_combines_unavailable_within_deadline_and_lookup_hits_planne
     assert planned["hits"] == 2 and planned["misses"] == 1 and len(planned["workers"]) == 1
     assert planned["prompt_tokens"] > 2 * len(cached) + len(fresh)  # + the tokenized query
     # ADDITIVE keys use seam 0, so the seam-8 entry is not a hit there; FULL does no lookup.
-    for mode, rid2, hits in ((pb.PREFILL_MODE_ADDITIVE, "rid-additive", 0),
-                             (pb.PREFILL_MODE_FULL, "rid-full", None)):
+    for mode, rid2, hits in ((router_pb.PREFILL_MODE_ADDITIVE, "rid-additive", 0),
+                             (router_pb.PREFILL_MODE_FULL, "rid-full", None)):
         req.mode = mode
         code, _, dt = call(mesh["a"], req, timeout=1.0, rid=rid2)
         assert code == grpc.StatusCode.UNAVAILABLE and dt < 1.0
@@ -496,7 +496,7 @@ def test_slow_segcache_and_hung_combine(mesh) -> None:
     """Router B: segcache never answers (lookup budget 0.3 s → all misses, logged, not fatal);
     the combine accepts the call and never answers → DEADLINE_EXCEEDED at the client's deadline."""
     rid = "rid-hung"
-    req = pb.GenerateRequest(segments=[seg("alice likes tea")], query=seg("bob"), max_tokens=2)
+    req = router_pb.GenerateRequest(segments=[seg("alice likes tea")], query=seg("bob"), max_tokens=2)
     code, details, dt = call(mesh["b"], req, timeout=1.5, rid=rid)
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED, (code, details)
     assert dt < 2.5
@@ -508,8 +508,8 @@ def test_resource_exhausted_and_cancellation(mesh) -> None:
     """max_in_flight 2: two hanging requests fill the router, a third is refused; cancelling
     the two frees the slots (the router notices the client went away)."""
     ch = grpc.insecure_channel(mesh["b"].address)
-    s = pb_grpc.RouterStub(ch)
-    req = pb.GenerateRequest(segments=[seg(ids=[1, 2, 3])], query=seg(ids=[4]), max_tokens=2)
+    s = router_grpc.RouterStub(ch)
+    req = router_pb.GenerateRequest(segments=[seg(ids=[1, 2, 3])], query=seg(ids=[4]), max_tokens=2)
     hanging = [s.Generate(req, timeout=60) for _ in range(2)]
     time.sleep(1.0)  # both past the lookup (0.3 s) and waiting on the hung combine
     code, details, dt = call(mesh["b"], req, timeout=5)
@@ -539,9 +539,9 @@ def test_garbage_bytes_do_not_kill_the_router(mesh) -> None:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the server hung up on us: fine
     assert mesh["a"].alive()
-    info = stub(mesh["a"]).Info(pb.InfoRequest(), timeout=5)
+    info = stub(mesh["a"]).Info(router_pb.InfoRequest(), timeout=5)
     assert info.vocab_size == 512
-    code, _, _ = call(mesh["a"], pb.GenerateRequest(query=seg("x"), max_tokens=1))
+    code, _, _ = call(mesh["a"], router_pb.GenerateRequest(query=seg("x"), max_tokens=1))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
 
 
@@ -552,7 +552,7 @@ def test_health_metrics_and_request_ids(mesh) -> None:
     assert status(mesh["a"].address, "hypic.v1.Router") == "SERVING"
     assert status(f"127.0.0.1:{closed_port()}", timeout=0.5) == "UNAVAILABLE"
     rid = "rid-metrics-1"
-    call(mesh["a"], pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=0), rid=rid)
+    call(mesh["a"], router_pb.GenerateRequest(segments=[seg("a")], query=seg("q"), max_tokens=0), rid=rid)
     failed = wait_log(mesh["a"], "request failed", rid)[0]
     assert failed["code"] == "INVALID_ARGUMENT" and failed["service"] == "router"
     body = urllib.request.urlopen(

@@ -34,11 +34,11 @@ from common.engine.pic import SegmentEntry, segment_key
 from common.engine.pic.seal import open_sealed, seal
 from common.mesh.nixl_util import load_nixl
 from common.mesh.segcache_client import SegcacheClient, checksum
-from protos.hypic.v1 import combine_pb2 as cpb
-from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
-from protos.hypic.v1 import router_pb2 as rpb
-from protos.hypic.v1 import scatter_pb2 as spb
-from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
+from protos.hypic.v1 import combine_pb2 as combine_pb
+from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
+from protos.hypic.v1 import router_pb2 as router_pb
+from protos.hypic.v1 import scatter_pb2 as scatter_pb
+from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
 from tiny import PIC_CONFIGS, save_tiny
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,25 +201,25 @@ def prompt(seed: int, lengths, qlen: int = 5):
     return segs, torch.randint(0, 512, (qlen,), generator=g).tolist()
 
 
-def build_request(engine, ids, seam=SEAM, **kw) -> spb.BuildRequest:
-    return spb.BuildRequest(key=segment_key(engine.fingerprint, seam, "float32", ids), token_ids=ids,
+def build_request(engine, ids, seam=SEAM, **kw) -> scatter_pb.BuildRequest:
+    return scatter_pb.BuildRequest(key=segment_key(engine.fingerprint, seam, "float32", ids), token_ids=ids,
                             seam=seam, model_fingerprint=engine.fingerprint, dtype="float32", **kw)
 
 
-async def build(target: str, req: spb.BuildRequest) -> tuple[spb.BuildHeader, bytes]:
+async def build(target: str, req: scatter_pb.BuildRequest) -> tuple[scatter_pb.BuildHeader, bytes]:
     async with grpc.aio.insecure_channel(target) as ch:
         header, data = None, bytearray()
-        async for msg in spb_grpc.ScatterStub(ch).Build(req, timeout=RPC_TIMEOUT_S):
+        async for msg in scatter_grpc.ScatterStub(ch).Build(req, timeout=RPC_TIMEOUT_S):
             if msg.HasField("header"):
                 header = msg.header
             data += msg.data
         return header, bytes(data)
 
 
-def make_plan(engine, mesh, segs, query, source, *, mode=rpb.PREFILL_MODE_HYPIC, seam=SEAM,
-              workers=None, scatter=None, segcache=None, **kw) -> cpb.Plan:
-    key_seam = 0 if mode == rpb.PREFILL_MODE_ADDITIVE else seam
-    planned = [cpb.PlannedSegment(key=segment_key(engine.fingerprint, key_seam, "float32", s), token_ids=s,
+def make_plan(engine, mesh, segs, query, source, *, mode=router_pb.PREFILL_MODE_HYPIC, seam=SEAM,
+              workers=None, scatter=None, segcache=None, **kw) -> combine_pb.Plan:
+    key_seam = 0 if mode == router_pb.PREFILL_MODE_ADDITIVE else seam
+    planned = [combine_pb.PlannedSegment(key=segment_key(engine.fingerprint, key_seam, "float32", s), token_ids=s,
                                   source=source, worker=(workers[i] if workers else 0))
                for i, s in enumerate(segs)]
     args = dict(segments=planned, query=query, seam=seam, model_fingerprint=engine.fingerprint,
@@ -228,7 +228,7 @@ def make_plan(engine, mesh, segs, query, source, *, mode=rpb.PREFILL_MODE_HYPIC,
                 segcache_address=mesh.segcache.target if segcache is None else segcache,
                 store_entries=True)
     args.update(kw)
-    return cpb.Plan(**args)
+    return combine_pb.Plan(**args)
 
 
 class Answer:
@@ -250,11 +250,11 @@ class Answer:
         return [s.source for s in sorted(self.segments, key=lambda s: s.index)]
 
 
-async def execute(target: str, plan: cpb.Plan, metadata=None, timeout: float = RPC_TIMEOUT_S) -> Answer:
+async def execute(target: str, plan: combine_pb.Plan, metadata=None, timeout: float = RPC_TIMEOUT_S) -> Answer:
     async with grpc.aio.insecure_channel(target) as ch:
         t0 = time.perf_counter()
         events, ttft = [], None
-        async for ev in cpb_grpc.CombineStub(ch).Execute(plan, timeout=timeout, metadata=metadata):
+        async for ev in combine_grpc.CombineStub(ch).Execute(plan, timeout=timeout, metadata=metadata):
             if ev.HasField("token") and ttft is None:
                 ttft = time.perf_counter() - t0
             events.append(ev)
@@ -323,17 +323,17 @@ def test_scatter_single_flight_and_store(mesh, engine):
 
     async def run():
         async with grpc.aio.insecure_channel(mesh.scatter.target) as ch:
-            stub = spb_grpc.ScatterStub(ch)
+            stub = scatter_grpc.ScatterStub(ch)
             # The blocker keeps the (single) build worker busy, so the two calls for `seg`
             # are surely in flight together.
             first = asyncio.create_task(build(mesh.scatter.target, build_request(engine, blocker)))
-            while (await stub.Load(spb.LoadRequest(), timeout=10)).in_flight < 1:
+            while (await stub.Load(scatter_pb.LoadRequest(), timeout=10)).in_flight < 1:
                 await asyncio.sleep(0.005)
             req = build_request(engine, seg, store=True, request_id="rid-single-flight")
             (h1, d1), (h2, d2) = await asyncio.gather(build(mesh.scatter.target, req),
                                                       build(mesh.scatter.target, req))
             await first
-            load = await stub.Load(spb.LoadRequest(), timeout=10)
+            load = await stub.Load(scatter_pb.LoadRequest(), timeout=10)
         async with SegcacheClient(mesh.segcache.target) as sc:
             stored = await sc.get(req.key)
         return h1, d1, h2, d2, load, stored
@@ -355,9 +355,9 @@ def test_builds_nobody_waits_for_are_dropped(mesh, engine):
 
     async def run():
         async with grpc.aio.insecure_channel(mesh.scatter.target) as ch:
-            stub = spb_grpc.ScatterStub(ch)
+            stub = scatter_grpc.ScatterStub(ch)
             first = asyncio.create_task(build(mesh.scatter.target, build_request(engine, blocker)))
-            while (await stub.Load(spb.LoadRequest(), timeout=10)).in_flight < 1:
+            while (await stub.Load(scatter_pb.LoadRequest(), timeout=10)).in_flight < 1:
                 await asyncio.sleep(0.005)
             reqs = [build_request(engine, ids, store=i % 2 == 0) for i, ids in enumerate(queued)]
 
@@ -369,7 +369,7 @@ def test_builds_nobody_waits_for_are_dropped(mesh, engine):
             await asyncio.gather(*(give_up(r) for r in reqs))
             await first
             for _ in range(200):
-                load = await stub.Load(spb.LoadRequest(), timeout=10)
+                load = await stub.Load(scatter_pb.LoadRequest(), timeout=10)
                 if load.in_flight == 0:
                     break
                 await asyncio.sleep(0.05)
@@ -388,10 +388,10 @@ def test_builds_nobody_waits_for_are_dropped(mesh, engine):
 def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     segs, query = prompt(3, (40, 57, 33))
     ref_logits, ref_tokens = reference(engine, segs, query)
-    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER)
+    plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER)
     cold = arun(execute(mesh.combine.target, plan, metadata=[("x-request-id", "rid-cold-mesh")]))
     assert_matches(cold, ref_logits, ref_tokens, len(segs))
-    assert cold.sources() == [cpb.SOURCE_SCATTER] * 3
+    assert cold.sources() == [combine_pb.SOURCE_SCATTER] * 3
     assert all(s.worker.startswith("scatter@") and s.build_s > 0 for s in cold.segments)
     t = cold.timings[0]
     assert t.misses == 3 and t.hits == 0 and t.prompt_tokens == 135 and t.ttft_s > 0
@@ -400,10 +400,10 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     # the request id travelled combine -> scatter (metadata and BuildRequest)
     assert '"request_id": "rid-cold-mesh"' in mesh.scatter.log()
 
-    warm_plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE, segcache="")  # combine's default
+    warm_plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE, segcache="")  # combine's default
     warm = arun(execute(mesh.combine.target, warm_plan))
     assert_matches(warm, ref_logits, ref_tokens, len(segs))
-    assert warm.sources() == [cpb.SOURCE_SEGCACHE] * 3
+    assert warm.sources() == [combine_pb.SOURCE_SEGCACHE] * 3
     w = warm.timings[0]
     assert w.hits == 3 and w.misses == 0
     assert all(s.tier == "host" for s in warm.segments), warm.segments
@@ -424,17 +424,17 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
 
 def test_combine_baseline_modes(mesh, engine):
     segs, query = prompt(4, (30, 21))
-    for mode, name in ((rpb.PREFILL_MODE_FULL, "full"), (rpb.PREFILL_MODE_PREFIX, "prefix"),
-                       (rpb.PREFILL_MODE_ADDITIVE, "additive")):
+    for mode, name in ((router_pb.PREFILL_MODE_FULL, "full"), (router_pb.PREFILL_MODE_PREFIX, "prefix"),
+                       (router_pb.PREFILL_MODE_ADDITIVE, "additive")):
         ref_logits, ref_tokens = reference(engine, segs, query, mode=name)
-        ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER,
+        ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER,
                                                           mode=mode)))
         # full and prefix recompute on the combine worker: no segment events
         assert_matches(ans, ref_logits, ref_tokens, len(segs) if name == "additive" else 0)
     # sampling: the same tokens as engine.generate with the same seed, temperature and top_k
     out = engine.prefill_segments(segs, query, mode="hypic", seam=SEAM)
     want = engine.generate(out, max_new_tokens=N_TOKENS, temperature=0.8, top_k=20, seed=1234)
-    ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE,
+    ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE,
                                                       temperature=0.8, top_k=20, seed=1234)))
     assert ans.token_ids == want
 
@@ -450,10 +450,10 @@ def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
                             "--threads", "1", "--compose-order", "segment",
                             "--entry-key-file", str(mesh.tmp / "entry.key"))
     layer0, mixed0, segment0 = compositions(mesh.combine)
-    cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER)))
+    cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER)))
     assert_matches(cold, ref_logits, ref_tokens, n)  # and every entry is now in segcache
 
-    warm_plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE)
+    warm_plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE)
     warm = arun(execute(mesh.combine.target, warm_plan, metadata=[("x-request-id", "rid-warm-layer")]))
     assert_matches(warm, ref_logits, ref_tokens, n)
     w = warm.timings[0]
@@ -475,9 +475,9 @@ def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
     lost = prompt(13, (19,))[0]
     segs2 = segs[:3] + lost + segs[3:]
     ref_logits, ref_tokens = reference(engine, segs2, query)
-    ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs2, query, cpb.SOURCE_SEGCACHE)))
+    ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs2, query, combine_pb.SOURCE_SEGCACHE)))
     assert_matches(ans, ref_logits, ref_tokens, n + 1)
-    assert ans.sources() == [cpb.SOURCE_SEGCACHE] * 3 + [cpb.SOURCE_SCATTER] + [cpb.SOURCE_SEGCACHE] * 3
+    assert ans.sources() == [combine_pb.SOURCE_SEGCACHE] * 3 + [combine_pb.SOURCE_SCATTER] + [combine_pb.SOURCE_SEGCACHE] * 3
     t = ans.timings[0]
     assert t.hits == n and t.misses == 1 and t.seams_s == 0 and t.scatter_s > 0
     assert compositions(mesh.combine) == (layer0 + 2, mixed0, segment0 + 1)
@@ -488,7 +488,7 @@ def test_combine_plan_with_misses_composes_as_they_arrive(mesh, engine):
     layer0, mixed0, segment0 = compositions(mesh.combine)
     # all misses (built by scatter, and stored)
     ref_logits, ref_tokens = reference(engine, segs, query)
-    cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER),
+    cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER),
                         metadata=[("x-request-id", "rid-cold-segment")]))
     assert_matches(cold, ref_logits, ref_tokens, len(segs))
     assert cold.timings[0].misses == len(segs) and cold.timings[0].compose_s > 0
@@ -499,12 +499,12 @@ def test_combine_plan_with_misses_composes_as_they_arrive(mesh, engine):
     # a planned miss first: nothing to compose layer-major before it, so all as they arrive
     fresh0, fresh1 = prompt(15, (16, 21))[0]
     segs2 = [fresh0] + segs
-    plan = make_plan(engine, mesh, segs2, query, cpb.SOURCE_SEGCACHE)
-    plan.segments[0].source = cpb.SOURCE_SCATTER
+    plan = make_plan(engine, mesh, segs2, query, combine_pb.SOURCE_SEGCACHE)
+    plan.segments[0].source = combine_pb.SOURCE_SCATTER
     ref_logits, ref_tokens = reference(engine, segs2, query)
     ans = arun(execute(mesh.combine.target, plan, metadata=[("x-request-id", "rid-miss-first")]))
     assert_matches(ans, ref_logits, ref_tokens, len(segs2))
-    assert ans.sources() == [cpb.SOURCE_SCATTER] + [cpb.SOURCE_SEGCACHE] * 3
+    assert ans.sources() == [combine_pb.SOURCE_SCATTER] + [combine_pb.SOURCE_SEGCACHE] * 3
     assert ans.timings[0].hits == 3
     executed = executed_line(mesh.combine, "rid-miss-first")
     assert executed["compose_order"] == "segment" and sum(executed["compose_runs"]) == len(segs2)
@@ -512,12 +512,12 @@ def test_combine_plan_with_misses_composes_as_they_arrive(mesh, engine):
     # hits, a planned miss, a hit: the leading two hits in one layer-major pass, then the miss
     # and the last hit as they arrive
     segs3 = segs[:2] + [fresh1] + segs[2:]
-    plan = make_plan(engine, mesh, segs3, query, cpb.SOURCE_SEGCACHE)
-    plan.segments[2].source = cpb.SOURCE_SCATTER
+    plan = make_plan(engine, mesh, segs3, query, combine_pb.SOURCE_SEGCACHE)
+    plan.segments[2].source = combine_pb.SOURCE_SCATTER
     ref_logits, ref_tokens = reference(engine, segs3, query)
     ans = arun(execute(mesh.combine.target, plan, metadata=[("x-request-id", "rid-mixed")]))
     assert_matches(ans, ref_logits, ref_tokens, len(segs3))
-    assert ans.sources() == [cpb.SOURCE_SEGCACHE] * 2 + [cpb.SOURCE_SCATTER, cpb.SOURCE_SEGCACHE]
+    assert ans.sources() == [combine_pb.SOURCE_SEGCACHE] * 2 + [combine_pb.SOURCE_SCATTER, combine_pb.SOURCE_SEGCACHE]
     assert ans.timings[0].hits == 3
     executed = executed_line(mesh.combine, "rid-mixed")
     assert executed["compose_order"] == "mixed" and executed["compose_runs"][0] == 2
@@ -529,12 +529,12 @@ def test_combine_additive_all_hits_stays_segment_major(mesh, engine):
     segs, query = prompt(16, (24, 13, 30))
     ref_logits, ref_tokens = reference(engine, segs, query, mode="additive")
     layer0, mixed0, segment0 = compositions(mesh.combine)
-    cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER,
-                                                       mode=rpb.PREFILL_MODE_ADDITIVE)))
+    cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER,
+                                                       mode=router_pb.PREFILL_MODE_ADDITIVE)))
     assert_matches(cold, ref_logits, ref_tokens, len(segs))
     # the seam-0 entries are in segcache now; layer-major would add them with T, not additively
-    warm = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE,
-                                                       mode=rpb.PREFILL_MODE_ADDITIVE),
+    warm = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE,
+                                                       mode=router_pb.PREFILL_MODE_ADDITIVE),
                         metadata=[("x-request-id", "rid-warm-additive")]))
     assert_matches(warm, ref_logits, ref_tokens, len(segs))
     assert warm.timings[0].hits == len(segs)
@@ -543,7 +543,7 @@ def test_combine_additive_all_hits_stays_segment_major(mesh, engine):
     assert executed["compose_order"] == "segment" and executed["mode"] == "additive"
 
 
-class GatedScatter(spb_grpc.ScatterServicer):
+class GatedScatter(scatter_grpc.ScatterServicer):
     """A scatter worker that builds real entries (this process's engine, sealed with the mesh's
     secret) and answers segment i only `delay_s[i]` after its call began: arrival orders chosen
     by the test."""
@@ -557,17 +557,17 @@ class GatedScatter(spb_grpc.ScatterServicer):
         i = self.index[tuple(request.token_ids)]
         data = seal(self.engine.build_entry(list(request.token_ids), request.seam).to_bytes(), SECRET)
         await asyncio.sleep(max(0.0, self.delay_s[i] - (time.perf_counter() - t0)))
-        header = spb.BuildHeader(key=request.key, size=len(data), worker="gated", checksum=checksum(data))
-        yield spb.BuildResponse(header=header, data=data)
+        header = scatter_pb.BuildHeader(key=request.key, size=len(data), worker="gated", checksum=checksum(data))
+        yield scatter_pb.BuildResponse(header=header, data=data)
 
 
 async def execute_gated(engine, mesh, target, segs, query, delay_s, rid):
     server = grpc.aio.server()
-    spb_grpc.add_ScatterServicer_to_server(GatedScatter(engine, segs, delay_s), server)
+    scatter_grpc.add_ScatterServicer_to_server(GatedScatter(engine, segs, delay_s), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     try:
-        plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER, scatter=[f"127.0.0.1:{port}"],
+        plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER, scatter=[f"127.0.0.1:{port}"],
                          store_entries=False)
         return await execute(target, plan, metadata=[("x-request-id", rid)])
     finally:
@@ -590,7 +590,7 @@ def test_combine_composes_arrived_runs_equal_to_segment_major(mesh, engine, mode
     delays = [1.2] + [rng.uniform(0.0, 0.4) for _ in range(n - 1)]
     ans = arun(execute_gated(engine, mesh, mesh.combine.target, segs, query, delays, f"rid-runs-{fresh_seed}"))
     assert_matches(ans, ref_logits, ref_tokens, n)
-    assert ans.sources() == [cpb.SOURCE_SCATTER] * n and ans.timings[0].seams_s == 0
+    assert ans.sources() == [combine_pb.SOURCE_SCATTER] * n and ans.timings[0].seams_s == 0
     assert executed_line(mesh.combine, f"rid-runs-{fresh_seed}")["compose_runs"] == [n]
     # random arrival orders in batches a quarter second apart: runs of whatever is in hand
     seg_worker.wait()
@@ -642,19 +642,19 @@ def test_compose_order_config(monkeypatch, capsys):
 DYING_SCATTER = r"""
 import asyncio, json, os, sys
 import grpc
-from protos.hypic.v1 import scatter_pb2 as spb, scatter_pb2_grpc as spb_grpc
+from protos.hypic.v1 import scatter_pb2 as scatter_pb, scatter_pb2_grpc as scatter_grpc
 
-class Dying(spb_grpc.ScatterServicer):
+class Dying(scatter_grpc.ScatterServicer):
     async def Build(self, request, context):
         data = os.urandom(20000)
-        yield spb.BuildResponse(header=spb.BuildHeader(key=request.key, size=len(data), worker="dying"),
+        yield scatter_pb.BuildResponse(header=scatter_pb.BuildHeader(key=request.key, size=len(data), worker="dying"),
                                 data=data[:10000])
         await asyncio.sleep(0.2)
         os._exit(17)
 
 async def main():
     server = grpc.aio.server()
-    spb_grpc.add_ScatterServicer_to_server(Dying(), server)
+    scatter_grpc.add_ScatterServicer_to_server(Dying(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     with open(sys.argv[1] + ".tmp", "w") as f:
@@ -666,7 +666,7 @@ asyncio.run(main())
 """
 
 
-class WrongScatter(spb_grpc.ScatterServicer):
+class WrongScatter(scatter_grpc.ScatterServicer):
     """A scatter worker that answers with a valid entry of other tokens, sealed with the mesh's
     secret (a worker that has it, but a bug)."""
 
@@ -676,19 +676,19 @@ class WrongScatter(spb_grpc.ScatterServicer):
     async def Build(self, request, context):
         self.calls += 1
         data = seal(self.engine.build_entry(list(request.token_ids)[:-1], request.seam).to_bytes(), SECRET)
-        header = spb.BuildHeader(key=request.key, size=len(data), worker="wrong", checksum=checksum(data))
-        yield spb.BuildResponse(header=header, data=data)
+        header = scatter_pb.BuildHeader(key=request.key, size=len(data), worker="wrong", checksum=checksum(data))
+        yield scatter_pb.BuildResponse(header=header, data=data)
 
 
 def test_combine_falls_back_from_failing_scatter_workers(mesh, engine):
     segs, query = prompt(5, (26, 35))
     ref_logits, ref_tokens = reference(engine, segs, query)
     # worker 0 is dead: the next address builds them
-    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER, scatter=[mesh.dead, mesh.scatter.target],
+    plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER, scatter=[mesh.dead, mesh.scatter.target],
                      workers=[0, 0])
     ans = arun(execute(mesh.combine.target, plan))
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
-    assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
+    assert ans.sources() == [combine_pb.SOURCE_SCATTER] * 2
     assert all(s.worker.startswith("scatter@") for s in ans.segments)
 
     # worker 0 dies mid-stream, worker 1 sends another segment's entry: built on the combine
@@ -699,11 +699,11 @@ def test_combine_falls_back_from_failing_scatter_workers(mesh, engine):
     async def run():
         wrong = WrongScatter(engine)
         server = grpc.aio.server()
-        spb_grpc.add_ScatterServicer_to_server(wrong, server)
+        scatter_grpc.add_ScatterServicer_to_server(wrong, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         try:
-            plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER,
+            plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER,
                              scatter=[dying.target, f"127.0.0.1:{port}"], workers=[0, 0], store_entries=False)
             return await execute(mesh.combine.target, plan), wrong.calls
         finally:
@@ -711,7 +711,7 @@ def test_combine_falls_back_from_failing_scatter_workers(mesh, engine):
 
     ans, wrong_calls = arun(run())
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
-    assert ans.sources() == [cpb.SOURCE_LOCAL] * 2 and wrong_calls == 2
+    assert ans.sources() == [combine_pb.SOURCE_LOCAL] * 2 and wrong_calls == 2
     assert dying.proc.wait(timeout=10) == 17  # it really died mid-stream
     log = mesh.combine.log()
     assert '"reason": "forged"' in log and ('"reason": "short"' in log or '"reason": "unavailable"' in log)
@@ -719,20 +719,20 @@ def test_combine_falls_back_from_failing_scatter_workers(mesh, engine):
     # the only scatter address is dead and so is segcache: built on the combine worker
     segs, query = prompt(11, (23, 17))
     ref_logits, ref_tokens = reference(engine, segs, query)
-    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER, scatter=[mesh.dead], segcache=mesh.dead)
+    plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER, scatter=[mesh.dead], segcache=mesh.dead)
     ans = arun(execute(mesh.combine.target, plan))
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
-    assert ans.sources() == [cpb.SOURCE_LOCAL] * 2
+    assert ans.sources() == [combine_pb.SOURCE_LOCAL] * 2
 
 
 def test_combine_falls_back_when_segcache_fails(mesh, engine):
     # unreachable segcache: the misses go to scatter
     segs, query = prompt(7, (31, 28))
     ref_logits, ref_tokens = reference(engine, segs, query)
-    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE, segcache=mesh.dead)
+    plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE, segcache=mesh.dead)
     ans = arun(execute(mesh.combine.target, plan))
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
-    assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
+    assert ans.sources() == [combine_pb.SOURCE_SCATTER] * 2
     # corrupt bytes (sealed after the damage: a payload whose layout does not parse) and a sealed
     # valid entry of other tokens under the planned keys: both rebuilt, and both dropped from segcache
     segs, query = prompt(8, (22, 37))
@@ -748,10 +748,10 @@ def test_combine_falls_back_when_segcache_fails(mesh, engine):
             await sc.put(keys[0], seal(bytes(bad), SECRET))
             await sc.put(keys[1], other)
     arun(put())
-    plan = make_plan(engine, mesh, segs, query, cpb.SOURCE_SEGCACHE, store_entries=False)
+    plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE, store_entries=False)
     ans = arun(execute(mesh.combine.target, plan))
     assert_matches(ans, ref_logits, ref_tokens, len(segs))
-    assert ans.sources() == [cpb.SOURCE_SCATTER] * 2
+    assert ans.sources() == [combine_pb.SOURCE_SCATTER] * 2
     assert arun(lookup_tiers(mesh.segcache.target, keys)) == [0, 0]  # dropped
     log = mesh.combine.log()
     assert '"reason": "corrupt"' in log and '"reason": "forged"' in log
@@ -797,10 +797,10 @@ def test_forged_entries_are_never_an_answer_and_never_block_their_key(mesh, engi
     arun(put())
     for i, v in enumerate(victims):
         ref_logits, ref_tokens = reference(engine, [v], query)
-        plan = make_plan(engine, mesh, [v], query, cpb.SOURCE_SEGCACHE)
+        plan = make_plan(engine, mesh, [v], query, combine_pb.SOURCE_SEGCACHE)
         ans = arun(execute(mesh.combine.target, plan))
         assert_matches(ans, ref_logits, ref_tokens, 1)
-        assert ans.sources() == [cpb.SOURCE_SCATTER], i
+        assert ans.sources() == [combine_pb.SOURCE_SCATTER], i
     # The forgeries are gone and the scatter's rebuilds took their keys: sealed, the victims' own.
     async def stored() -> list[bytes]:
         async with SegcacheClient(mesh.segcache.target) as sc:
@@ -818,7 +818,7 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
     segs, query = prompt(9, (20, 20))
 
     def plan(**kw):
-        p = make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER)
+        p = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER)
         for name, value in kw.items():
             if isinstance(value, list):
                 p.ClearField(name)
@@ -827,16 +827,16 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
                 setattr(p, name, value)
         return p
 
-    bad_seg = cpb.PlannedSegment(token_ids=[1, 2, 512], source=cpb.SOURCE_SCATTER)
+    bad_seg = combine_pb.PlannedSegment(token_ids=[1, 2, 512], source=combine_pb.SOURCE_SCATTER)
     cases = {
         "no segments": (plan(segments=[]), grpc.StatusCode.INVALID_ARGUMENT),
         "empty query": (plan(query=[]), grpc.StatusCode.INVALID_ARGUMENT),
         "token >= vocab": (plan(segments=[bad_seg]), grpc.StatusCode.INVALID_ARGUMENT),
         "query token >= vocab": (plan(query=[3, 9999]), grpc.StatusCode.INVALID_ARGUMENT),
         "max_tokens 0": (plan(max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT),
-        "unknown worker": (make_plan(engine, mesh, segs, query, cpb.SOURCE_SCATTER, workers=[0, 3]),
+        "unknown worker": (make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER, workers=[0, 3]),
                            grpc.StatusCode.INVALID_ARGUMENT),
-        "wrong key": (plan(segments=[cpb.PlannedSegment(key="ab" * 20, token_ids=segs[0])]),
+        "wrong key": (plan(segments=[combine_pb.PlannedSegment(key="ab" * 20, token_ids=segs[0])]),
                       grpc.StatusCode.INVALID_ARGUMENT),
         "fingerprint": (plan(model_fingerprint="0" * 32), grpc.StatusCode.FAILED_PRECONDITION),
         "dtype": (plan(dtype="bfloat16"), grpc.StatusCode.FAILED_PRECONDITION),
@@ -856,17 +856,17 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
         got = {name: await code_of(execute(mesh.combine.target, p)) for name, (p, _) in cases.items()}
         ids = segs[0]
         bad_builds = {
-            "scatter key": (spb.BuildRequest(key="00" * 20, token_ids=ids, seam=SEAM,
+            "scatter key": (scatter_pb.BuildRequest(key="00" * 20, token_ids=ids, seam=SEAM,
                                              model_fingerprint=engine.fingerprint, dtype="float32"),
                             grpc.StatusCode.INVALID_ARGUMENT),
             "scatter vocab": (build_request(engine, [1, 600]), grpc.StatusCode.INVALID_ARGUMENT),
             "scatter empty": (build_request(engine, []), grpc.StatusCode.INVALID_ARGUMENT),
-            "scatter no key": (spb.BuildRequest(token_ids=ids, seam=SEAM, model_fingerprint=engine.fingerprint,
+            "scatter no key": (scatter_pb.BuildRequest(token_ids=ids, seam=SEAM, model_fingerprint=engine.fingerprint,
                                                 dtype="float32"), grpc.StatusCode.INVALID_ARGUMENT),
-            "scatter fingerprint": (spb.BuildRequest(key=segment_key("f" * 32, SEAM, "float32", ids),
+            "scatter fingerprint": (scatter_pb.BuildRequest(key=segment_key("f" * 32, SEAM, "float32", ids),
                                                      token_ids=ids, seam=SEAM, model_fingerprint="f" * 32,
                                                      dtype="float32"), grpc.StatusCode.FAILED_PRECONDITION),
-            "scatter seam 2^31": (spb.BuildRequest(key="00" * 20, token_ids=ids, seam=2**31,
+            "scatter seam 2^31": (scatter_pb.BuildRequest(key="00" * 20, token_ids=ids, seam=2**31,
                                                    model_fingerprint=engine.fingerprint, dtype="float32"),
                                   grpc.StatusCode.INVALID_ARGUMENT),
         }
@@ -876,12 +876,12 @@ def test_bad_plans_are_rejected_and_services_stay_up(mesh, engine):
         # a cancelled request leaves nothing running behind
         big, _ = prompt(10, (2500, 2500))
         async with grpc.aio.insecure_channel(mesh.combine.target) as ch:
-            stub = cpb_grpc.CombineStub(ch)
-            call = stub.Execute(make_plan(engine, mesh, big, query, cpb.SOURCE_LOCAL), timeout=60)
+            stub = combine_grpc.CombineStub(ch)
+            call = stub.Execute(make_plan(engine, mesh, big, query, combine_pb.SOURCE_LOCAL), timeout=60)
             await asyncio.sleep(0.3)
             call.cancel()
             for _ in range(400):
-                info = await stub.Info(cpb.CombineInfoRequest(), timeout=10)
+                info = await stub.Info(combine_pb.CombineInfoRequest(), timeout=10)
                 if info.in_flight == 0:
                     break
                 await asyncio.sleep(0.05)

@@ -258,14 +258,14 @@ def test_cancel_propagates_to_combine(full_mesh) -> None:
     count (Combine.Info) drops back to 0 long before its 4000 tokens would have been decoded."""
     import grpc
 
-    from protos.hypic.v1 import combine_pb2 as cpb
-    from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
+    from protos.hypic.v1 import combine_pb2 as combine_pb
+    from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
 
     ch = grpc.insecure_channel(full_mesh["combine0"].address)
-    combine = cpb_grpc.CombineStub(ch)
+    combine = combine_grpc.CombineStub(ch)
 
     def in_flight() -> int:
-        return combine.Info(cpb.CombineInfoRequest(), timeout=5).in_flight
+        return combine.Info(combine_pb.CombineInfoRequest(), timeout=5).in_flight
 
     rid = "sdk-cancel-1"
     with hypic.Client(full_mesh.router_address, timeout=120) as c:

@@ -27,12 +27,11 @@ from common.mesh.auth import bearer_ok, read_secret
 from common.mesh.config import describe, load_config
 from common.mesh.nixl_listen import devices_for_host
 from common.mesh.segcache_client import SegcacheClient
-from common.mesh.server import channel_options
-from common.mesh.tls import open_channel
+from common.mesh.channels import channel_options, open_channel
 from hypic.certs import generate_mesh_certs
 from hypic.launcher import Mesh, Service
-from protos.hypic.v1 import router_pb2 as pb
-from protos.hypic.v1 import router_pb2_grpc as pb_grpc
+from protos.hypic.v1 import router_pb2 as router_pb
+from protos.hypic.v1 import router_pb2_grpc as router_grpc
 from services.router.config import ENV_PREFIX as ROUTER_ENV, RouterConfig
 from services.segcache.config import ENV_PREFIX as SEGCACHE_ENV, SegcacheConfig
 from tiny import PIC_CONFIGS, save_tiny
@@ -109,12 +108,12 @@ def test_mtls_mesh_answers_like_the_engine_and_stores_entries(mesh, model, api_k
 def test_router_needs_the_api_key_but_health_does_not(mesh, api_key):
     creds = mesh.client_credentials
     with creds.open(mesh.router_address, [], aio=False) as ch:
-        stub = pb_grpc.RouterStub(ch)
+        stub = router_grpc.RouterStub(ch)
         for md in ([], [("authorization", "Bearer wrong")], [("authorization", api_key)]):
             with pytest.raises(grpc.RpcError) as ei:
-                stub.Info(pb.InfoRequest(), timeout=10, metadata=md)
+                stub.Info(router_pb.InfoRequest(), timeout=10, metadata=md)
             assert ei.value.code() == Code.UNAUTHENTICATED, md
-        ok = stub.Info(pb.InfoRequest(), timeout=10, metadata=[("authorization", f"Bearer {api_key}")])
+        ok = stub.Info(router_pb.InfoRequest(), timeout=10, metadata=[("authorization", f"Bearer {api_key}")])
         assert ok.model_fingerprint
         health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
@@ -131,7 +130,7 @@ def test_router_refuses_plaintext_and_unknown_cas(mesh, api_key, tmp_path):
                    other.ca.read_bytes(), other.key("client").read_bytes(),
                    other.cert("client").read_bytes()))):
         with ch, pytest.raises(grpc.RpcError) as ei:
-            pb_grpc.RouterStub(ch).Info(pb.InfoRequest(), timeout=5, metadata=md)
+            router_grpc.RouterStub(ch).Info(router_pb.InfoRequest(), timeout=5, metadata=md)
         assert ei.value.code() == Code.UNAVAILABLE
 
 
@@ -308,13 +307,13 @@ def test_tls_and_secrets_come_from_shared_env_and_are_redacted(tmp_path, model):
 
 
 def test_segcache_rpcs_are_writes_unless_listed_as_reads():
-    from protos.hypic.v1 import segcache_pb2
+    from protos.hypic.v1 import segcache_pb2 as segcache_pb
     from services.segcache.access import READ_METHODS, SERVICE, writer_role_interceptor
 
     guard = writer_role_interceptor(SimpleNamespace(writer_names="scatter, combine", write_token=None,
                                                     mutual_tls=True))
     assert not guard.open and guard.writer_names == {"scatter", "combine"}
-    methods = segcache_pb2.DESCRIPTOR.services_by_name["Segcache"].methods_by_name
+    methods = segcache_pb.DESCRIPTOR.services_by_name["Segcache"].methods_by_name
     assert READ_METHODS <= set(methods), "a listed read is not an RPC"
     for m in ("Put", "Delete", "Pin"):
         assert guard.is_write(f"/{SERVICE}/{m}")

@@ -13,7 +13,7 @@ import pytest
 
 from common.mesh.segcache_client import SegcacheClient
 from common.mesh.segcache_ring import SegcacheRing, group_by_owner, owner, parse_addresses, weight
-from protos.hypic.v1 import segcache_pb2 as pb
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from test_segcache_service import SegcacheProcess
 
 pytestmark = pytest.mark.timeout(180)
@@ -100,9 +100,9 @@ def test_ring_places_each_key_on_its_owner_and_survives_a_dead_instance(instance
             for a in addrs:
                 async with SegcacheClient(a, timeout_s=5.0) as c:
                     infos = await c.lookup(keys)
-                held = {e.key for e in infos if e.tier != pb.TIER_MISS}
+                held = {e.key for e in infos if e.tier != segcache_pb.TIER_MISS}
                 assert held == {k for k in keys if owner(k, addrs) == a}
-            assert all(e.tier != pb.TIER_MISS for e in await ring.lookup(keys))
+            assert all(e.tier != segcache_pb.TIER_MISS for e in await ring.lookup(keys))
             for k in rng.sample(keys, 5):
                 assert bytes(await ring.get(k)) == blobs[k]
 
@@ -112,7 +112,7 @@ def test_ring_places_each_key_on_its_owner_and_survives_a_dead_instance(instance
             t = time.monotonic()
             infos = await ring.lookup(keys, timeout=2.0)
             assert time.monotonic() - t < 3.0
-            hit = {e.key for e in infos if e.tier != pb.TIER_MISS}
+            hit = {e.key for e in infos if e.tier != segcache_pb.TIER_MISS}
             assert hit == {k for k in keys if owner(k, addrs) != dead.target}
             assert dead.target not in ring.healthy()
             # While it is out, its keys are placed on the others (a Put there works).
@@ -132,7 +132,7 @@ def test_ring_places_each_key_on_its_owner_and_survives_a_dead_instance(instance
                 await c.wait_ready(10.0)
             for attempt in range(20):  # the ring's channel reconnects within its backoff (<= 1 s)
                 infos = await ring.lookup(keys, timeout=5.0)
-                hit = {e.key for e in infos if e.tier != pb.TIER_MISS}
+                hit = {e.key for e in infos if e.tier != segcache_pb.TIER_MISS}
                 if hit == set(keys):
                     break
                 await asyncio.sleep(0.25)

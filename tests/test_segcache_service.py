@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.mesh.nixl_util import load_nixl
 from common.mesh.segcache_client import SegcacheClient, checksum
-from protos.hypic.v1 import segcache_pb2 as pb
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
 
 REPO = Path(__file__).resolve().parents[1]
 KiB, MiB = 1 << 10, 1 << 20
@@ -148,9 +148,9 @@ def test_put_lookup_get_byte_exact_grpc_and_nixl(launch) -> None:
             infos = await sc.lookup([*data, "absent"])
             assert [i.key for i in infos] == [*data, "absent"]
             for i in infos[:-1]:
-                assert i.tier == pb.TIER_HOST and i.size == sizes[i.key]
+                assert i.tier == segcache_pb.TIER_HOST and i.size == sizes[i.key]
                 assert i.recompute_cost_s == 0.25 and i.model_fingerprint == "fp-test"
-            assert infos[-1].tier == pb.TIER_MISS
+            assert infos[-1].tier == segcache_pb.TIER_MISS
             for k, v in data.items():
                 assert bytes(await sc.get(k)) == v
                 assert bytes(await sc.get(k, chunk_bytes=64 * KiB)) == v
@@ -200,18 +200,18 @@ def test_nixl_reads_from_disk_after_restart(launch) -> None:
 
     async def read():
         async with SegcacheClient(srv.target) as sc:
-            assert (await sc.lookup(["k"]))[0].tier == pb.TIER_DISK
+            assert (await sc.lookup(["k"]))[0].tier == segcache_pb.TIER_DISK
             got = await sc.get_via_nixl("k")
             assert got.tobytes() == v
-            assert (await sc.lookup(["k"]))[0].tier == pb.TIER_HOST
+            assert (await sc.lookup(["k"]))[0].tier == segcache_pb.TIER_HOST
             # A lease the reader never releases ends by itself after lease_ttl_s.
-            lease = await sc.stub.OpenNixlLease(pb.OpenNixlLeaseRequest(key="k", reader_agent_name="x"))
+            lease = await sc.stub.OpenNixlLease(segcache_pb.OpenNixlLeaseRequest(key="k", reader_agent_name="x"))
             assert lease.entry.size == len(v) and len(lease.descriptors) == 1
             assert lease.region_metadata and lease.ttl_s == 0.5
             assert (await sc.stats()).leases_active == 1
             await asyncio.sleep(1.5)
             assert (await sc.stats()).leases_active == 0
-            rel = await sc.stub.ReleaseNixlLease(pb.ReleaseNixlLeaseRequest(lease_id=lease.lease_id))
+            rel = await sc.stub.ReleaseNixlLease(segcache_pb.ReleaseNixlLeaseRequest(lease_id=lease.lease_id))
             assert not rel.released
     arun(read())
 
@@ -246,8 +246,8 @@ def test_budgets_hold_over_1000_random_puts_and_gdsf_order(launch) -> None:
             for i in range(5):
                 await sc.put(f"cheap{i}", blob(v, 2 + i), recompute_cost_s=0.001)
             tiers = {e.key: e.tier for e in await sc.lookup(["costly"] + [f"cheap{i}" for i in range(5)])}
-            assert tiers["costly"] == pb.TIER_HOST, tiers
-            assert tiers["cheap0"] == pb.TIER_DISK, tiers
+            assert tiers["costly"] == segcache_pb.TIER_HOST, tiers
+            assert tiers["cheap0"] == segcache_pb.TIER_DISK, tiers
     arun(run())
 
 
@@ -327,9 +327,9 @@ def test_flipped_bytes_in_lmdb_value_is_a_miss_and_gone(launch, tmp_path: Path) 
 
     async def read():
         async with SegcacheClient(srv.target) as sc:
-            assert (await sc.lookup(["bad"]))[0].tier == pb.TIER_DISK
+            assert (await sc.lookup(["bad"]))[0].tier == segcache_pb.TIER_DISK
             assert await sc.get("bad") is None  # NOT_FOUND: a miss, never the bad bytes
-            assert (await sc.lookup(["bad"]))[0].tier == pb.TIER_MISS
+            assert (await sc.lookup(["bad"]))[0].tier == segcache_pb.TIER_MISS
             assert await sc.get("bad") is None
             assert bytes(await sc.get("good")) == good
             st = await sc.stats()
@@ -355,7 +355,7 @@ def test_malformed_requests_get_clear_status_and_service_stays_up(launch) -> Non
             async def put_raw(*msgs):
                 return await stub.Put(iter(msgs), timeout=10)
 
-            hdr = lambda **kw: pb.PutHeader(**{"key": "k", "size": 3, "recompute_cost_s": 0.1, **kw})
+            hdr = lambda **kw: segcache_pb.PutHeader(**{"key": "k", "size": 3, "recompute_cost_s": 0.1, **kw})
             cases = {
                 "lookup empty key": (sc.lookup([""]), C.INVALID_ARGUMENT),
                 "lookup no keys": (sc.lookup([]), C.INVALID_ARGUMENT),
@@ -363,20 +363,20 @@ def test_malformed_requests_get_clear_status_and_service_stays_up(launch) -> Non
                 "get empty key": (sc.get(""), C.INVALID_ARGUMENT),
                 "put empty key": (sc.put("", b"abc"), C.INVALID_ARGUMENT),
                 "put long key": (sc.put("k" * 300, b"abc"), C.INVALID_ARGUMENT),
-                "put oversize": (put_raw(pb.PutRequest(header=hdr(size=2 * MiB))), C.RESOURCE_EXHAUSTED),
-                "put zero size": (put_raw(pb.PutRequest(header=hdr(size=0))), C.INVALID_ARGUMENT),
-                "put no header": (put_raw(pb.PutRequest(data=b"abc")), C.INVALID_ARGUMENT),
+                "put oversize": (put_raw(segcache_pb.PutRequest(header=hdr(size=2 * MiB))), C.RESOURCE_EXHAUSTED),
+                "put zero size": (put_raw(segcache_pb.PutRequest(header=hdr(size=0))), C.INVALID_ARGUMENT),
+                "put no header": (put_raw(segcache_pb.PutRequest(data=b"abc")), C.INVALID_ARGUMENT),
                 "put empty stream": (put_raw(), C.INVALID_ARGUMENT),
-                "put short": (put_raw(pb.PutRequest(header=hdr(), data=b"ab")), C.INVALID_ARGUMENT),
-                "put long": (put_raw(pb.PutRequest(header=hdr(), data=b"abcd")), C.INVALID_ARGUMENT),
-                "put two headers": (put_raw(pb.PutRequest(header=hdr(), data=b"a"),
-                                            pb.PutRequest(header=hdr(), data=b"bc")), C.INVALID_ARGUMENT),
-                "put nan cost": (put_raw(pb.PutRequest(header=hdr(recompute_cost_s=float("nan")), data=b"abc")),
+                "put short": (put_raw(segcache_pb.PutRequest(header=hdr(), data=b"ab")), C.INVALID_ARGUMENT),
+                "put long": (put_raw(segcache_pb.PutRequest(header=hdr(), data=b"abcd")), C.INVALID_ARGUMENT),
+                "put two headers": (put_raw(segcache_pb.PutRequest(header=hdr(), data=b"a"),
+                                            segcache_pb.PutRequest(header=hdr(), data=b"bc")), C.INVALID_ARGUMENT),
+                "put nan cost": (put_raw(segcache_pb.PutRequest(header=hdr(recompute_cost_s=float("nan")), data=b"abc")),
                                  C.INVALID_ARGUMENT),
-                "put bad checksum": (put_raw(pb.PutRequest(header=hdr(checksum=checksum(b"xyz")), data=b"abc")),
+                "put bad checksum": (put_raw(segcache_pb.PutRequest(header=hdr(checksum=checksum(b"xyz")), data=b"abc")),
                                      C.DATA_LOSS),
                 "message over limit": (sc.put("big", bytes(300 * KiB), chunk_bytes=300 * KiB), C.RESOURCE_EXHAUSTED),
-                "nixl disabled": (stub.OpenNixlLease(pb.OpenNixlLeaseRequest(key="k"), timeout=10),
+                "nixl disabled": (stub.OpenNixlLease(segcache_pb.OpenNixlLeaseRequest(key="k"), timeout=10),
                                   C.FAILED_PRECONDITION),
                 "delete empty key": (sc.delete([""]), C.INVALID_ARGUMENT),
                 "pin no keys": (sc.pin([]), C.INVALID_ARGUMENT),

@@ -18,7 +18,7 @@ import pytest
 from common.engine.fingerprint import segment_key
 from common.engine.pic.seal import ForgedEntry, open_sealed, seal
 from common.mesh.segcache_client import SegcacheClient
-from protos.hypic.v1 import segcache_pb2 as pb
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from test_segcache_service import arun, code_of, launch  # noqa: F401  (launch: a fixture)
 
 pytestmark = pytest.mark.timeout(180)
@@ -84,7 +84,7 @@ def test_segcache_with_a_secret_stores_only_sealed_entries_for_their_key(launch,
                 "under another key": await code_of(sc.put(key_of(victim), good)),
             }
             assert set(refused.values()) == {grpc.StatusCode.INVALID_ARGUMENT}, refused
-            assert [e.tier for e in await sc.lookup([key_of(victim)])] == [pb.TIER_MISS]
+            assert [e.tier for e in await sc.lookup([key_of(victim)])] == [segcache_pb.TIER_MISS]
             assert (await sc.put(key_of(ids), good)).created
             assert bytes(await sc.get(key_of(ids))) == good
     arun(run())
@@ -155,7 +155,7 @@ def test_puts_stay_within_the_upload_budget(launch, fresh_seed: int) -> None:
     async def stalled() -> tuple[list, float]:
         async def put_then_stall(c: SegcacheClient, i: int):
             async def messages():
-                yield pb.PutRequest(header=pb.PutHeader(key=f"s{i}", size=ENTRY_MIB * MiB),
+                yield segcache_pb.PutRequest(header=segcache_pb.PutHeader(key=f"s{i}", size=ENTRY_MIB * MiB),
                                     data=blobs[i % 4][:4 * MiB])
                 await asyncio.sleep(3600)  # the client never sends the rest, never hangs up
             return await code_of(c.stub.Put(messages(), timeout=60))

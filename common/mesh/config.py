@@ -26,8 +26,10 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
+from common.engine.dtypes import DTYPE_NAMES, check_dtype_name
+from common.mesh.fields import field_help
 from common.mesh.tls import TlsConfig
 
 T = TypeVar("T")
@@ -206,6 +208,40 @@ class ServiceConfig(TlsConfig):
         if self.max_message_bytes < 64 * 1024:
             raise ValueError("max_message_bytes must be at least 64 KiB")
 
+
+
+ENTRY_KEY_HELP = (
+    "file holding the mesh's entry secret (the same for segcache, scatter and combine): entries "
+    "are sealed with it and refused unless they open under it (common/engine/pic/seal.py); none = an "
+    "unkeyed seal, which binds an entry's header to its tensors but does not stop forgery")
+
+
+@dataclasses.dataclass
+class WorkerConfig(ServiceConfig):
+    """What the processes that load the model (scatter, combine) share: the model, its dtype,
+    device and threads, and the entry key; each worker's config extends it and calls
+    check_worker() in its __post_init__. ENV_PREFIX names the worker's variables in errors."""
+
+    ENV_PREFIX: ClassVar[str] = "HYPIC_"
+
+    model: Optional[Path] = dataclasses.field(default=None, metadata=field_help("checkpoint directory (required)"))
+    dtype: str = dataclasses.field(default="float32", metadata=field_help(" | ".join(DTYPE_NAMES)))
+    device: str = dataclasses.field(default="cpu", metadata=field_help("torch device of the model"))
+    threads: int = dataclasses.field(default=0, metadata=field_help("torch intra-op threads; 0 = torch's default"))
+    entry_key_file: Optional[Path] = dataclasses.field(default=None, metadata=field_help(ENTRY_KEY_HELP))
+
+    def check_worker(self) -> None:
+        """check_server(), then: a model given (as a Path), a served dtype, threads >= 0
+        (ValueError otherwise)."""
+        self.check_server()
+        if self.model is None:
+            raise ValueError(f"--model ({self.ENV_PREFIX}MODEL) is required")
+        self.model = Path(self.model)
+        check_dtype_name(self.dtype)
+        if self.threads < 0:
+            raise ValueError("threads must be >= 0")
+        if self.entry_key_file is not None:
+            self.entry_key_file = Path(self.entry_key_file)
 
 def describe(cfg: Any) -> dict[str, Any]:
     """The config as a JSON-friendly dict (Paths as strings), for the startup log line."""

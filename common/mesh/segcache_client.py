@@ -24,11 +24,11 @@ import numpy as np
 
 from common.engine.checksum import DIGEST_BYTES, checksum  # noqa: F401  (re-exported)
 from common.mesh.auth import WRITE_TOKEN_KEY
+from common.mesh.channels import message_options, open_channel
 from common.mesh.log import REQUEST_ID_KEY
 from common.mesh.nixl_util import NixlAgent, NixlUnavailable
-from common.mesh.server import channel_options
-from protos.hypic.v1 import segcache_pb2 as pb
-from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
+from protos.hypic.v1 import segcache_pb2_grpc as segcache_grpc
 
 DEFAULT_CHUNK = 1 << 20
 
@@ -44,9 +44,8 @@ class SegcacheClient:
         self.target = target
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
-        self._channel = channel or grpc.aio.insecure_channel(
-            target, options=channel_options(max_message_bytes))
-        self.stub = pb_grpc.SegcacheStub(self._channel)
+        self._channel = channel or open_channel(target, message_options(max_message_bytes))
+        self.stub = segcache_grpc.SegcacheStub(self._channel)
         self._write_token = write_token  # segcache's writer role without a writer certificate
         self._nixl_name = nixl_agent_name or f"segcache-reader-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._nixl: NixlAgent | None = None
@@ -79,56 +78,56 @@ class SegcacheClient:
 
     # ---- control ------------------------------------------------------------------------
     async def lookup(self, keys: Sequence[str], *, request_id: str | None = None,
-                     timeout: float | None = None) -> list[pb.EntryInfo]:
-        resp = await self.stub.Lookup(pb.LookupRequest(keys=list(keys)), timeout=self._t(timeout),
+                     timeout: float | None = None) -> list[segcache_pb.EntryInfo]:
+        resp = await self.stub.Lookup(segcache_pb.LookupRequest(keys=list(keys)), timeout=self._t(timeout),
                                       metadata=self._md(request_id))
         return list(resp.entries)
 
     async def delete(self, keys: Iterable[str], *, request_id: str | None = None,
                      timeout: float | None = None) -> int:
-        resp = await self.stub.Delete(pb.DeleteRequest(keys=list(keys)), timeout=self._t(timeout),
+        resp = await self.stub.Delete(segcache_pb.DeleteRequest(keys=list(keys)), timeout=self._t(timeout),
                                       metadata=self._write_md(request_id))
         return resp.deleted
 
     async def pin(self, keys: Iterable[str], pinned: bool = True, *, request_id: str | None = None,
-                  timeout: float | None = None) -> pb.PinResponse:
-        return await self.stub.Pin(pb.PinRequest(keys=list(keys), pinned=pinned),
+                  timeout: float | None = None) -> segcache_pb.PinResponse:
+        return await self.stub.Pin(segcache_pb.PinRequest(keys=list(keys), pinned=pinned),
                                    timeout=self._t(timeout), metadata=self._write_md(request_id))
 
     async def claim(self, keys: Sequence[str], holder: str, lease_s: float, *,
-                    request_id: str | None = None, timeout: float | None = None) -> list[pb.ClaimResult]:
+                    request_id: str | None = None, timeout: float | None = None) -> list[segcache_pb.ClaimResult]:
         """Build claims on `keys` (see ClaimRequest): granted, cached, or held by someone else."""
-        resp = await self.stub.Claim(pb.ClaimRequest(keys=list(keys), holder=holder, lease_s=lease_s),
+        resp = await self.stub.Claim(segcache_pb.ClaimRequest(keys=list(keys), holder=holder, lease_s=lease_s),
                                      timeout=self._t(timeout), metadata=self._md(request_id))
         return list(resp.results)
 
-    async def stats(self, *, timeout: float | None = None) -> pb.StatsResponse:
-        return await self.stub.Stats(pb.StatsRequest(), timeout=self._t(timeout))
+    async def stats(self, *, timeout: float | None = None) -> segcache_pb.StatsResponse:
+        return await self.stub.Stats(segcache_pb.StatsRequest(), timeout=self._t(timeout))
 
     # ---- data over gRPC -------------------------------------------------------------------
     async def put(self, key: str, data: Any, *, recompute_cost_s: float = 0.0, token_count: int = 0,
                   model_fingerprint: str = "", pin: bool = False, chunk_bytes: int = DEFAULT_CHUNK,
                   send_checksum: bool = True, request_id: str | None = None,
-                  timeout: float | None = None) -> pb.PutResponse:
+                  timeout: float | None = None) -> segcache_pb.PutResponse:
         """Stream an entry in. Returns the PutResponse (created=False: it was already cached)."""
         mv = memoryview(data).cast("B")
         chunk_bytes = max(1, min(chunk_bytes, self.max_message_bytes - 4096))
-        header = pb.PutHeader(key=key, size=len(mv), recompute_cost_s=recompute_cost_s,
+        header = segcache_pb.PutHeader(key=key, size=len(mv), recompute_cost_s=recompute_cost_s,
                               token_count=token_count, model_fingerprint=model_fingerprint,
                               pin=pin, checksum=checksum(mv) if send_checksum else b"")
 
         def messages():
             first = bytes(mv[:chunk_bytes])
-            yield pb.PutRequest(header=header, data=first)
+            yield segcache_pb.PutRequest(header=header, data=first)
             for off in range(chunk_bytes, len(mv), chunk_bytes):
-                yield pb.PutRequest(data=bytes(mv[off:off + chunk_bytes]))
+                yield segcache_pb.PutRequest(data=bytes(mv[off:off + chunk_bytes]))
 
         return await self.stub.Put(messages(), timeout=self._t(timeout), metadata=self._write_md(request_id))
 
     async def get_with_info(self, key: str, *, chunk_bytes: int = 0, verify: bool = True,
                             request_id: str | None = None, timeout: float | None = None
-                            ) -> tuple[pb.EntryInfo, bytearray] | None:
-        call = self.stub.Get(pb.GetRequest(key=key, chunk_bytes=chunk_bytes),
+                            ) -> tuple[segcache_pb.EntryInfo, bytearray] | None:
+        call = self.stub.Get(segcache_pb.GetRequest(key=key, chunk_bytes=chunk_bytes),
                              timeout=self._t(timeout), metadata=self._md(request_id))
         info = None
         buf = bytearray()
@@ -169,7 +168,7 @@ class SegcacheClient:
 
     async def nixl_available(self) -> tuple[bool, str]:
         """Whether both ends can use NIXL, and why not."""
-        info = await self.stub.NixlInfo(pb.NixlInfoRequest(), timeout=self.timeout_s)
+        info = await self.stub.NixlInfo(segcache_pb.NixlInfoRequest(), timeout=self.timeout_s)
         if not info.available:
             return False, f"server: {info.reason}"
         try:
@@ -181,7 +180,7 @@ class SegcacheClient:
     async def _ensure_peer(self, agent: NixlAgent, peer: str) -> None:
         if agent.knows(peer):
             return
-        info = await self.stub.NixlInfo(pb.NixlInfoRequest(), timeout=self.timeout_s)
+        info = await self.stub.NixlInfo(segcache_pb.NixlInfoRequest(), timeout=self.timeout_s)
         if not info.available:
             raise NixlUnavailable(f"server: {info.reason}")
         if info.agent_name != peer:
@@ -203,7 +202,7 @@ class SegcacheClient:
         md = self._md(request_id)
         try:
             lease = await self.stub.OpenNixlLease(
-                pb.OpenNixlLeaseRequest(key=key, reader_agent_name=agent.name),
+                segcache_pb.OpenNixlLeaseRequest(key=key, reader_agent_name=agent.name),
                 timeout=self._t(timeout), metadata=md)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
@@ -229,7 +228,7 @@ class SegcacheClient:
                 registered=out_registered and out is not None))
         finally:
             try:
-                await self.stub.ReleaseNixlLease(pb.ReleaseNixlLeaseRequest(lease_id=lease.lease_id),
+                await self.stub.ReleaseNixlLease(segcache_pb.ReleaseNixlLeaseRequest(lease_id=lease.lease_id),
                                                  timeout=self._t(timeout), metadata=md)
             except grpc.aio.AioRpcError:
                 pass  # the lease expires on its own

@@ -27,8 +27,8 @@ import grpc
 import structlog
 
 from common.mesh.segcache_client import SegcacheClient
-from common.mesh.server import channel_options as server_channel_options
-from protos.hypic.v1 import segcache_pb2 as pb
+from common.mesh import channels
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
 
 log = structlog.get_logger("segcache.ring")
 
@@ -36,8 +36,7 @@ DEFAULT_COOLDOWN_S = 2.0
 MAX_LOOKUP_KEYS = 4096  # segcache's default max_lookup_keys
 # Codes that say "the instance is not there (or too slow)", as opposed to "this request is bad".
 DOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
-                     ("grpc.max_reconnect_backoff_ms", 1000)]
+RECONNECT_MAX_MS = 1000  # an instance that comes back is asked again within a second
 
 
 def parse_addresses(spec: str | Iterable[str] | None) -> list[str]:
@@ -87,12 +86,11 @@ class SegcacheRing:
             raise ValueError("no segcache addresses")
         self.cooldown_s = cooldown_s
         if channel_options is None:
-            channel_options = server_channel_options(client_kw.get("max_message_bytes", 64 << 20))
-        # An instance that comes back is found again within seconds, not gRPC's default minutes.
-        channel_options = list(channel_options) + RECONNECT_OPTIONS
+            channel_options = channels.message_options(client_kw.get("max_message_bytes", 64 << 20))
+        channel_options = list(channel_options) + channels.reconnect_options(max_backoff_ms=RECONNECT_MAX_MS)
         if open_channel is None:
             def open_channel(a: str) -> grpc.aio.Channel:
-                return grpc.aio.insecure_channel(a, options=channel_options)
+                return channels.open_channel(a, channel_options)
         self.clients: dict[str, SegcacheClient] = {
             a: SegcacheClient(a, channel=open_channel(a), **client_kw) for a in self.addresses}
         self._down_until: dict[str, float] = {}
@@ -137,11 +135,11 @@ class SegcacheRing:
 
     # ---- lookup: batched per instance, concurrent, failures are misses ----------------------------
     async def _lookup_one(self, address: str, keys: list[str], request_id: str | None,
-                          timeout: float | None, failed: list[str]) -> list[pb.EntryInfo]:
+                          timeout: float | None, failed: list[str]) -> list[segcache_pb.EntryInfo]:
         client = self.clients[address]
         t = client.timeout_s if timeout is None else timeout
         try:
-            found: list[pb.EntryInfo] = []
+            found: list[segcache_pb.EntryInfo] = []
             for i in range(0, len(keys), MAX_LOOKUP_KEYS):
                 found += await asyncio.wait_for(client.lookup(
                     keys[i:i + MAX_LOOKUP_KEYS], request_id=request_id, timeout=t), t)
@@ -152,49 +150,49 @@ class SegcacheRing:
             log.warning("segcache lookup failed; its keys are misses", segcache=address,
                         keys=len(keys), error=type(e).__name__ if not isinstance(e, grpc.aio.AioRpcError)
                         else e.code().name)
-            return [pb.EntryInfo(key=k, tier=pb.TIER_MISS) for k in keys]
+            return [segcache_pb.EntryInfo(key=k, tier=segcache_pb.TIER_MISS) for k in keys]
 
     async def lookup(self, keys: Sequence[str], *, request_id: str | None = None,
-                     timeout: float | None = None) -> list[pb.EntryInfo]:
+                     timeout: float | None = None) -> list[segcache_pb.EntryInfo]:
         """EntryInfo of every key (TIER_MISS for misses and for keys of a down or slow instance)."""
         return (await self.lookup_reporting(keys, request_id=request_id, timeout=timeout))[0]
 
     async def lookup_reporting(self, keys: Sequence[str], *, request_id: str | None = None,
                                timeout: float | None = None
-                               ) -> tuple[list[pb.EntryInfo], list[str], list[str]]:
+                               ) -> tuple[list[segcache_pb.EntryInfo], list[str], list[str]]:
         """lookup(), plus the instances asked and those that failed (their keys are misses)."""
         groups = group_by_owner(keys, self.healthy())
         failed: list[str] = []
         results = await asyncio.gather(*(self._lookup_one(a, ks, request_id, timeout, failed)
                                          for a, ks in groups.items()))
         by_key = {e.key: e for r in results for e in r}
-        entries = [by_key.get(k) or pb.EntryInfo(key=k, tier=pb.TIER_MISS) for k in keys]
+        entries = [by_key.get(k) or segcache_pb.EntryInfo(key=k, tier=segcache_pb.TIER_MISS) for k in keys]
         return entries, list(groups), failed
 
     # ---- build claims: batched per instance like lookups ---------------------------------------------
     async def _claim_one(self, address: str, keys: list[str], holder: str, lease_s: float,
-                         request_id: str | None, timeout: float | None) -> list[pb.ClaimResult]:
+                         request_id: str | None, timeout: float | None) -> list[segcache_pb.ClaimResult]:
         client = self.clients[address]
         t = client.timeout_s if timeout is None else timeout
         if self._down_until.get(address, 0.0) > time.monotonic():
-            return [pb.ClaimResult(key=k, granted=True) for k in keys]  # do not wait on it again
+            return [segcache_pb.ClaimResult(key=k, granted=True) for k in keys]  # do not wait on it again
         try:
             return await asyncio.wait_for(client.claim(keys, holder, lease_s, request_id=request_id,
                                                        timeout=t), t)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:
             # No one to coordinate with: build (a duplicate build at worst, never a wait).
             self._note(address, e)
-            return [pb.ClaimResult(key=k, granted=True) for k in keys]
+            return [segcache_pb.ClaimResult(key=k, granted=True) for k in keys]
 
     async def claim(self, keys: Sequence[str], holder: str, lease_s: float, *,
-                    request_id: str | None = None, timeout: float | None = None) -> list[pb.ClaimResult]:
+                    request_id: str | None = None, timeout: float | None = None) -> list[segcache_pb.ClaimResult]:
         """ClaimResult of every key; an instance that fails grants its keys (build them)."""
         groups = group_by_owner(keys, self.healthy())
         results = await asyncio.gather(*(
             self._claim_one(a, ks[i:i + MAX_LOOKUP_KEYS], holder, lease_s, request_id, timeout)
             for a, ks in groups.items() for i in range(0, len(ks), MAX_LOOKUP_KEYS)))
         by_key = {r.key: r for rs in results for r in rs}
-        return [by_key.get(k) or pb.ClaimResult(key=k, granted=True) for k in keys]
+        return [by_key.get(k) or segcache_pb.ClaimResult(key=k, granted=True) for k in keys]
 
     # ---- one key: its owner ------------------------------------------------------------------------
     async def _on_owner(self, key: str, method: str, *args: Any, **kw: Any) -> Any:
@@ -205,10 +203,10 @@ class SegcacheRing:
             self._note(address, e)
             raise
 
-    async def put(self, key: str, data: Any, **kw: Any) -> pb.PutResponse:
+    async def put(self, key: str, data: Any, **kw: Any) -> segcache_pb.PutResponse:
         return await self._on_owner(key, "put", data, **kw)
 
-    async def get_with_info(self, key: str, **kw: Any) -> tuple[pb.EntryInfo, bytearray] | None:
+    async def get_with_info(self, key: str, **kw: Any) -> tuple[segcache_pb.EntryInfo, bytearray] | None:
         return await self._on_owner(key, "get_with_info", **kw)
 
     async def get(self, key: str, **kw: Any) -> bytearray | None:
@@ -223,16 +221,16 @@ class SegcacheRing:
         counts = await asyncio.gather(*(self.clients[a].delete(ks, **kw) for a, ks in groups.items()))
         return sum(counts)
 
-    async def pin(self, keys: Iterable[str], pinned: bool = True, **kw: Any) -> pb.PinResponse:
+    async def pin(self, keys: Iterable[str], pinned: bool = True, **kw: Any) -> segcache_pb.PinResponse:
         groups = group_by_owner(keys, self.healthy())
         resps = await asyncio.gather(*(self.clients[a].pin(ks, pinned, **kw)
                                        for a, ks in groups.items()))
-        return pb.PinResponse(updated=sum(r.updated for r in resps),
+        return segcache_pb.PinResponse(updated=sum(r.updated for r in resps),
                               missing=[k for r in resps for k in r.missing])
 
-    async def stats(self, **kw: Any) -> dict[str, pb.StatsResponse | None]:
+    async def stats(self, **kw: Any) -> dict[str, segcache_pb.StatsResponse | None]:
         """Stats of every instance (None for one that did not answer)."""
-        async def one(a: str) -> pb.StatsResponse | None:
+        async def one(a: str) -> segcache_pb.StatsResponse | None:
             try:
                 return await self.clients[a].stats(**kw)
             except (grpc.aio.AioRpcError, asyncio.TimeoutError, OSError) as e:

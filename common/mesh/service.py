@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Sequence
 
 import grpc
 
-from common.mesh import tls
+from common.mesh import channels, tls
 from common.mesh.auth import check_secrets
 from common.mesh.config import ConfigError, describe, load_config
 from common.mesh.log import adopt_library_loggers, setup_logging
@@ -77,7 +77,7 @@ async def serve(service: Service) -> int:
     log.info("starting", config=describe(cfg))
     try:  # before prepare(): a bad certificate fails in a second, not after loading a model
         credentials = tls.server_credentials(cfg)
-        tls.channel_credentials(cfg)  # the client side toward peers reads the same files
+        channels.channel_credentials(cfg)  # the client side toward peers reads the same files
         check_secrets(cfg)
         interceptors = service.interceptors()
     except (OSError, ValueError) as e:  # a certificate, key or secret file that cannot be read

@@ -4,7 +4,7 @@ A service config inherits `TlsConfig` (fields `--tls-cert/--tls-key/--tls-ca`, e
 `HYPIC_<SERVICE>_TLS_*` or, shared by the whole mesh, `HYPIC_TLS_*`):
 
     server_credentials(cfg)   # None: plaintext; else TLS, client certs required when tls_ca is set
-    open_channel(target, options, cfg)   # secure_channel when cfg has a CA, else insecure_channel
+    common.mesh.channels.open_channel(target, options, cfg)   # the client side: secure when cfg has a CA
 
 With a CA the channel verifies the server's certificate against it and presents this service's
 own certificate (its identity, e.g. CN=scatter, which segcache checks for the writer role).
@@ -17,21 +17,24 @@ from typing import Any, Optional, Sequence
 
 import grpc
 
+from common.mesh.fields import field_help
 
-def _h(text: str, **extra: Any) -> dict:
-    return {"help": text, "shared_env": True, **extra}
+
+def _shared(text: str) -> dict:
+    """A field with one value for the whole mesh: the service's own variable, else HYPIC_TLS_*."""
+    return field_help(text, shared_env=True)
 
 
 @dataclass
 class TlsConfig:
     """The TLS fields every service config has (a base dataclass: all fields have defaults)."""
 
-    tls_cert: Optional[Path] = field(default=None, metadata=_h(
+    tls_cert: Optional[Path] = field(default=None, metadata=_shared(
         "PEM certificate of this service: served with --tls-key, and presented to peers as its identity"))
-    tls_key: Optional[Path] = field(default=None, metadata=_h("PEM private key of --tls-cert"))
-    tls_ca: Optional[Path] = field(default=None, metadata=_h(
+    tls_key: Optional[Path] = field(default=None, metadata=_shared("PEM private key of --tls-cert"))
+    tls_ca: Optional[Path] = field(default=None, metadata=_shared(
         "PEM CA bundle: peers' certificates are verified against it (mutual TLS)"))
-    tls_require_client_cert: bool = field(default=True, metadata=_h(
+    tls_require_client_cert: bool = field(default=True, metadata=_shared(
         "with --tls-ca, refuse clients without a certificate signed by it"))
 
     def __post_init__(self) -> None:
@@ -59,7 +62,8 @@ class TlsConfig:
         return self.tls_on and self.tls_ca is not None and self.tls_require_client_cert
 
 
-def _read(path: Path | None) -> bytes | None:
+def read_pem(path: Path | None) -> bytes | None:
+    """The bytes of a PEM file, None for no path."""
     return None if path is None else Path(path).read_bytes()
 
 
@@ -68,26 +72,8 @@ def server_credentials(cfg: Any) -> grpc.ServerCredentials | None:
     if getattr(cfg, "tls_cert", None) is None:
         return None
     return grpc.ssl_server_credentials(
-        [(_read(cfg.tls_key), _read(cfg.tls_cert))], root_certificates=_read(cfg.tls_ca),
+        [(read_pem(cfg.tls_key), read_pem(cfg.tls_cert))], root_certificates=read_pem(cfg.tls_ca),
         require_client_auth=bool(cfg.tls_ca is not None and cfg.tls_require_client_cert))
-
-
-def channel_credentials(cfg: Any) -> grpc.ChannelCredentials | None:
-    """The client side toward peers: None (plaintext) unless the service has a CA to verify
-    them with; its own certificate, when it has one, is presented as its identity."""
-    if getattr(cfg, "tls_ca", None) is None:
-        return None
-    return grpc.ssl_channel_credentials(root_certificates=_read(cfg.tls_ca),
-                                        private_key=_read(cfg.tls_key),
-                                        certificate_chain=_read(cfg.tls_cert))
-
-
-def open_channel(target: str, options: Sequence[tuple[str, Any]] = (), cfg: Any = None) -> grpc.aio.Channel:
-    """A grpc.aio channel to a peer, secure when `cfg` says so."""
-    creds = channel_credentials(cfg) if cfg is not None else None
-    if creds is None:
-        return grpc.aio.insecure_channel(target, options=list(options))
-    return grpc.aio.secure_channel(target, creds, options=list(options))
 
 
 def server_credentials_kind(cfg: Any) -> str:

@@ -16,7 +16,7 @@ from common.mesh import service
 from common.mesh.log import adopt_library_loggers
 from common.mesh.nixl_listen import restrict_nixl_to_host
 from common.mesh.segcache_ring import parse_addresses
-from protos.hypic.v1 import combine_pb2_grpc
+from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
 from services.combine.config import ENV_PREFIX, CombineConfig
 from services.combine.servicer import SERVICE_NAME, CombineServicer
 
@@ -48,7 +48,7 @@ class CombineService(service.Service):
                 await self.servicer.peers.prepare(addr, timeout=60.0)
 
     def register(self, server, port: int) -> None:
-        combine_pb2_grpc.add_CombineServicer_to_server(self.servicer, server)
+        combine_grpc.add_CombineServicer_to_server(self.servicer, server)
 
     def port_info(self) -> dict:
         return {"model_fingerprint": self.engine.fingerprint}

@@ -27,34 +27,27 @@ import structlog
 from common.engine.hybrid_engine import HybridEngine
 from common.engine.pic import BuildCancelled
 from common.engine.pic.entry import EntryMismatch, SegmentEntry
-from common.mesh.auth import read_secret
 from common.engine.pic.placement import place_for_engine
 from common.engine.pic.seal import ForgedEntry, open_sealed, seal
 from common.mesh.log import REQUEST_ID_KEY
 from common.mesh.nixl_util import NixlUnavailable
 from common.mesh.segcache_client import ChecksumError, SegcacheClient
 from common.mesh.segcache_ring import owner, parse_addresses
-from common.mesh.server import channel_options
-from common.mesh.tls import open_channel
-from protos.hypic.v1 import combine_pb2 as cpb
-from protos.hypic.v1 import scatter_pb2 as spb
-from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
-from protos.hypic.v1 import segcache_pb2 as segpb
+from protos.hypic.v1 import combine_pb2 as combine_pb
+from protos.hypic.v1 import scatter_pb2 as scatter_pb
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from services.combine import metrics as m
 from services.combine.config import CombineConfig
+from services.combine.peers import Peers, PeerUnavailable, ensure_connected
 
 log = structlog.get_logger("combine.fetch")
 
-TIER_NAMES = {segpb.TIER_DEVICE: "device", segpb.TIER_HOST: "host", segpb.TIER_DISK: "disk",
-              segpb.TIER_REMOTE: "remote"}
+TIER_NAMES = {segcache_pb.TIER_DEVICE: "device", segcache_pb.TIER_HOST: "host", segcache_pb.TIER_DISK: "disk",
+              segcache_pb.TIER_REMOTE: "remote"}
 
 
 class DeadlineExceeded(Exception):
     """The Execute deadline passed."""
-
-
-class PeerUnavailable(Exception):
-    """A peer could not be connected to (refused, unreachable, or too slow to connect)."""
 
 
 class BadEntry(Exception):
@@ -80,24 +73,6 @@ class Deadline:
         return r if cap is None else min(r, cap)
 
 
-async def ensure_connected(channel: grpc.aio.Channel, timeout: float) -> None:
-    """Return once `channel` is READY; fail fast when the peer refuses connections, and after
-    `timeout` when it does not answer at all (a black-holed address)."""
-    end = time.monotonic() + timeout
-    state = channel.get_state(try_to_connect=True)
-    while state != grpc.ChannelConnectivity.READY:
-        if state in (grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN):
-            raise PeerUnavailable(f"channel {state.name.lower()}")
-        rem = end - time.monotonic()
-        if rem <= 0:
-            raise PeerUnavailable("connect timeout")
-        try:
-            await asyncio.wait_for(channel.wait_for_state_change(state), rem)
-        except asyncio.TimeoutError:
-            raise PeerUnavailable("connect timeout") from None
-        state = channel.get_state()
-
-
 @dataclass
 class Acquired:
     """One segment's entry and where it really came from."""
@@ -112,93 +87,6 @@ class Acquired:
     worker: str = ""
     via_nixl: bool = False
     nbytes: int = 0
-
-
-class Peers:
-    """Channels to scatter workers and segcache clients, one per address, shared by requests."""
-
-    def __init__(self, cfg: CombineConfig):
-        self.cfg = cfg
-        self._opts = channel_options(cfg.max_message_bytes) + [
-            # A peer that comes back is found again within seconds, not minutes.
-            ("grpc.initial_reconnect_backoff_ms", 200),
-            ("grpc.min_reconnect_backoff_ms", 200),
-            ("grpc.max_reconnect_backoff_ms", 2000),
-        ]
-        self._write_token = read_secret(cfg.write_token)  # sent with our segcache Puts
-        self._scatter: dict[str, tuple[grpc.aio.Channel, spb_grpc.ScatterStub]] = {}
-        self._segcache: dict[str, tuple[grpc.aio.Channel, SegcacheClient]] = {}
-        self._nixl: dict[str, asyncio.Future] = {}  # address -> NIXL probe (-> bool)
-
-    def scatter(self, addr: str) -> tuple[grpc.aio.Channel, spb_grpc.ScatterStub]:
-        if addr not in self._scatter:
-            ch = open_channel(addr, self._opts, self.cfg)
-            self._scatter[addr] = (ch, spb_grpc.ScatterStub(ch))
-        return self._scatter[addr]
-
-    def segcache(self, addr: str) -> tuple[grpc.aio.Channel, SegcacheClient]:
-        if addr not in self._segcache:
-            ch = open_channel(addr, self._opts, self.cfg)
-            self._segcache[addr] = (ch, SegcacheClient(addr, channel=ch, write_token=self._write_token,
-                                                       max_message_bytes=self.cfg.max_message_bytes,
-                                                       timeout_s=self.cfg.segcache_timeout_s))
-            if self.cfg.nixl:
-                self._probe(addr)
-        return self._segcache[addr]
-
-    # ---- NIXL readiness: probed in the background, never waited for by a request ----------
-    def _probe(self, addr: str) -> asyncio.Future:
-        """The NIXL probe of `addr` (NixlInfo + our own agent, seconds the first time); a probe
-        that failed (segcache down) is started again."""
-        t = self._nixl.get(addr)
-        if t is None or (t.done() and (t.cancelled() or t.exception() is not None)):
-            t = asyncio.ensure_future(self._probe_once(addr))
-            t.add_done_callback(lambda f: f.cancelled() or f.exception())
-            self._nixl[addr] = t
-        return t
-
-    async def _probe_once(self, addr: str) -> bool:
-        ok, why = await self.segcache(addr)[1].nixl_available()
-        if ok:
-            log.info("nixl ready", segcache=addr)
-        else:
-            log.info("nixl unavailable, segcache hits go over gRPC", segcache=addr, reason=why)
-        return ok
-
-    def nixl_ready(self, addr: str) -> bool:
-        """Whether hits from `addr` can be read with NIXL now. Never waits: until the probe has
-        answered, reads go over the gRPC stream."""
-        if not self.cfg.nixl:
-            return False
-        t = self._probe(addr)
-        return t.done() and not t.cancelled() and t.exception() is None and bool(t.result())
-
-    async def prepare(self, addr: str, timeout: float) -> bool:
-        """At startup: connect to the default segcache and finish the NIXL probe before serving."""
-        self.segcache(addr)
-        if not self.cfg.nixl:
-            return False
-        try:
-            return bool(await asyncio.wait_for(asyncio.shield(self._probe(addr)), timeout))
-        except Exception as e:  # segcache not up yet: probed again on first use
-            log.warning("nixl probe failed", segcache=addr, error=f"{type(e).__name__}: {e}")
-            return False
-
-    def nixl_broken(self, addr: str, why: str) -> None:
-        """A NIXL read said NIXL is unavailable after all: gRPC from now on for this address."""
-        log.warning("nixl read unavailable, segcache hits go over gRPC", segcache=addr, reason=why)
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(False)
-        self._nixl[addr] = fut
-
-    async def close(self) -> None:
-        for t in self._nixl.values():
-            if not t.done():
-                t.cancel()
-        for ch, _ in self._scatter.values():
-            await ch.close()
-        for _, client in self._segcache.values():
-            await client.close()  # its channel, and its NIXL agent
 
 
 @dataclass
@@ -321,7 +209,7 @@ WAIT_FIRST_POLL_S = 0.02
 WAIT_MAX_POLL_S = 0.25
 
 
-async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segpb.EntryInfo | None:
+async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segcache_pb.EntryInfo | None:
     """Another request holds the build claim on `key`: poll its instance until the entry is
     cached (its EntryInfo) or `wait_s` passes (None: build it here). Faults end the wait."""
     end = time.monotonic() + wait_s
@@ -336,7 +224,7 @@ async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segpb.Entr
         except Exception as e:
             log.info("wait for a segment built elsewhere failed", key=key, error=_describe(e))
             return None
-        if infos and infos[0].tier != segpb.TIER_MISS:
+        if infos and infos[0].tier != segcache_pb.TIER_MISS:
             return infos[0]
         left = min(end - time.monotonic(), ctx.deadline.left())
         if left <= 0:
@@ -349,7 +237,7 @@ async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segpb.Entr
 
 
 async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
-                         info_now: segpb.EntryInfo | None = None) -> Acquired | None:
+                         info_now: segcache_pb.EntryInfo | None = None) -> Acquired | None:
     """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere).
     info_now: a Lookup answer newer than the request's batched one (after a wait)."""
     assert ctx.segcache_address
@@ -368,7 +256,7 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
                 raise
             except Exception:  # no sizes: read over gRPC
                 info = None
-            if info is not None and info.tier == segpb.TIER_MISS:
+            if info is not None and info.tier == segcache_pb.TIER_MISS:
                 raise BadEntry("miss", "not cached")
             if info is not None and info.size >= ctx.cfg.nixl_min_bytes:
                 tier = TIER_NAMES.get(info.tier, "")
@@ -407,7 +295,7 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
         return None
     fetch_s = time.perf_counter() - t0
     m.STAGE_SECONDS.labels("fetch").observe(fetch_s)
-    return Acquired(i, entry, cpb.SOURCE_SEGCACHE, fetch_s, time.perf_counter(), tier=tier,
+    return Acquired(i, entry, combine_pb.SOURCE_SEGCACHE, fetch_s, time.perf_counter(), tier=tier,
                     worker=addr, via_nixl=via_nixl, nbytes=len(data))
 
 
@@ -428,7 +316,7 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
     call = None
     try:
         await ensure_connected(channel, ctx.deadline.left(ctx.cfg.connect_timeout_s))
-        req = spb.BuildRequest(key=key, token_ids=ids, seam=ctx.seam,
+        req = scatter_pb.BuildRequest(key=key, token_ids=ids, seam=ctx.seam,
                                model_fingerprint=ctx.engine.fingerprint, dtype=ctx.dtype,
                                request_id=ctx.request_id, store=ctx.store)
         call = stub.Build(req, timeout=ctx.deadline.left(), metadata=ctx.metadata)
@@ -467,7 +355,7 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
     ctx.spawn(_drain(call))
     fetch_s = time.perf_counter() - t0
     m.STAGE_SECONDS.labels("build").observe(fetch_s)
-    return Acquired(i, entry, cpb.SOURCE_SCATTER, fetch_s, time.perf_counter(),
+    return Acquired(i, entry, combine_pb.SOURCE_SCATTER, fetch_s, time.perf_counter(),
                     build_s=header.build_s, worker=header.worker or addr, nbytes=n)
 
 
@@ -506,14 +394,14 @@ async def build_local(ctx: RequestCtx, i: int, key: str, ids: list[int], t0: flo
         ctx.spawn(_store(ctx, key, entry, build_s))
     fetch_s = time.perf_counter() - t0
     m.STAGE_SECONDS.labels("build").observe(fetch_s)
-    return Acquired(i, entry, cpb.SOURCE_LOCAL, fetch_s, time.perf_counter(), build_s=build_s,
+    return Acquired(i, entry, combine_pb.SOURCE_LOCAL, fetch_s, time.perf_counter(), build_s=build_s,
                     worker="local")
 
 
 # ---- one segment ---------------------------------------------------------------------------------
 async def acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -> Acquired:
     t0 = time.perf_counter()
-    if seg.source == cpb.SOURCE_SEGCACHE and ctx.segcache_address:
+    if seg.source == combine_pb.SOURCE_SEGCACHE and ctx.segcache_address:
         info_now = None
         if seg.wait_s > 0:  # being built by another request (a build claim): wait for it
             info_now = await wait_for_entry(ctx, key, seg.wait_s)
@@ -522,7 +410,7 @@ async def acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -
             if got is not None:
                 return got
     addrs = ctx.scatter_addresses
-    if seg.source != cpb.SOURCE_LOCAL and addrs:
+    if seg.source != combine_pb.SOURCE_LOCAL and addrs:
         first = seg.worker if seg.worker < len(addrs) else i % len(addrs)
         for k in range(len(addrs)):
             got = await build_on_scatter(ctx, i, addrs[(first + k) % len(addrs)], key, ids, t0)

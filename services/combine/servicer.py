@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,20 +30,21 @@ from common.engine.pic.reuse import compose_and_query, without_arenas
 from common.engine.pic.runs import arrived_run
 from common.engine.pic.seal import load_secret
 from common.mesh.abort import Abort
-from common.mesh.checks import check_model, check_seam, check_temperature, expected_key
+from common.mesh.checks import WorkerModel, check_plan
 from common.mesh.guard import internal_details
 from common.mesh.log import new_request_id, sanitize_request_id
-from protos.hypic.v1 import combine_pb2 as pb
-from protos.hypic.v1 import combine_pb2_grpc as pb_grpc
-from protos.hypic.v1 import router_pb2 as rpb
+from protos.hypic.v1 import combine_pb2 as combine_pb
+from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
+from protos.hypic.v1 import router_pb2 as router_pb
 from services.combine import metrics as m
 from services.combine.config import CombineConfig
-from services.combine.fetch import Acquired, Deadline, DeadlineExceeded, Peers, RequestCtx, acquire
+from services.combine.fetch import Acquired, Deadline, DeadlineExceeded, RequestCtx, acquire
+from services.combine.peers import Peers
 
 log = structlog.get_logger("combine.servicer")
 
 SERVICE_NAME = "hypic.v1.Combine"
-SOURCES = {pb.SOURCE_SEGCACHE: "segcache", pb.SOURCE_SCATTER: "scatter", pb.SOURCE_LOCAL: "local"}
+SOURCES = {combine_pb.SOURCE_SEGCACHE: "segcache", combine_pb.SOURCE_SCATTER: "scatter", combine_pb.SOURCE_LOCAL: "local"}
 
 
 def _mode_label(value: int) -> str:
@@ -58,14 +58,14 @@ def _mode_label(value: int) -> str:
 @dataclass
 class _Execution:
     """One Execute call, as its stages share it."""
-    plan: pb.Plan
+    plan: combine_pb.Plan
     mode: str  # canonical (common.engine.modes)
     segs: list[list[int]]
     keys: list[str]
     query: list[int]
     ctx: RequestCtx
     t_start: float
-    timings: rpb.Timings
+    timings: router_pb.Timings
     order: str | None  # compose order (_compose_order); None: the mode recomputes instead
     lead: int  # segments composed in the leading layer-major pass
     tasks: list[asyncio.Task] = field(default_factory=list)  # one fetch per segment
@@ -118,11 +118,12 @@ def eos_token_ids(engine: Any, model_dir: Path) -> set[int]:
     return found
 
 
-class CombineServicer(pb_grpc.CombineServicer):
+class CombineServicer(combine_grpc.CombineServicer):
     def __init__(self, cfg: CombineConfig, engine: HybridEngine):
         self.cfg = cfg
         self.engine = engine
         self.dtype = dtype_name(engine.dtype)
+        self.worker_model = WorkerModel(engine.fingerprint, self.dtype, engine.vocab_size)
         self.secret = load_secret(cfg.entry_key_file)
         self.eos = eos_token_ids(engine, cfg.model)  # type: ignore[arg-type]
         self.peers = Peers(cfg)
@@ -139,83 +140,33 @@ class CombineServicer(pb_grpc.CombineServicer):
         self.engine_thread.shutdown(wait=True, cancel_futures=True)
 
     # ---- validation ---------------------------------------------------------------------
-    def _validate(self, plan: pb.Plan) -> tuple[str, list[list[int]], list[str], list[int]]:
-        """(canonical mode, segments, keys, query) of a plan; Abort on anything malformed."""
-        try:
-            mode = modes.from_wire(plan.mode)
-        except ValueError as e:
-            raise Abort.invalid(str(e)) from None
-        self._check_limits(plan)
-        segs = [self._check_segment(plan, i, s) for i, s in enumerate(plan.segments)]
-        try:
-            query = self.engine.check_tokens(plan.query)
-        except ValueError as e:
-            raise Abort.invalid(f"query: {e}") from None
-        check_model(plan.model_fingerprint, plan.dtype, worker_fingerprint=self.engine.fingerprint,
-                    worker_dtype=self.dtype)
-        seam = modes.seam_for(mode, int(plan.seam))
-        # Only modes that use entries carry keys; the others' keys are never read.
-        fingerprint, uses_entries = self.engine.fingerprint, modes.uses_entries(mode)
-        keys = [expected_key(s.key if uses_entries else "", ids, fingerprint=fingerprint, seam=seam,
-                             dtype=self.dtype, what=f"segment {i}: key")
-                for i, (s, ids) in enumerate(zip(plan.segments, segs))]
-        return mode, segs, keys, query
-
-    def _check_limits(self, plan: pb.Plan) -> None:
-        if not plan.segments:
-            raise Abort.invalid("no segments")
-        if not plan.query:
-            raise Abort.invalid("empty query: the next-token logits come from the query's last token")
-        if plan.max_tokens == 0:
-            raise Abort.invalid("max_tokens must be > 0")
-        if plan.max_tokens > self.cfg.max_new_tokens:
-            raise Abort.invalid(f"max_tokens {plan.max_tokens} > {self.cfg.max_new_tokens}")
-        check_temperature(plan.temperature)
-        check_seam(plan.seam)
-        if not (math.isfinite(plan.top_p) and 0 <= plan.top_p <= 1):
-            raise Abort.invalid("top_p must be in [0, 1]")
-        total = sum(len(s.token_ids) for s in plan.segments) + len(plan.query)
-        if total > self.cfg.max_prompt_tokens:
-            raise Abort.invalid(f"prompt of {total} tokens; at most {self.cfg.max_prompt_tokens}")
-
-    def _check_segment(self, plan: pb.Plan, i: int, s: pb.PlannedSegment) -> list[int]:
-        if not s.token_ids:
-            raise Abort.invalid(f"segment {i} is empty")
-        if s.source not in SOURCES:
-            raise Abort.invalid(f"segment {i}: unknown source {s.source}")
-        n_addr = len(plan.scatter_addresses)
-        if s.source == pb.SOURCE_SCATTER and s.worker >= n_addr:
-            raise Abort.invalid(f"segment {i}: worker {s.worker} but {n_addr} scatter addresses")
-        try:
-            return self.engine.check_tokens(s.token_ids)
-        except ValueError as e:
-            raise Abort.invalid(f"segment {i}: {e}") from None
-
-    def _start(self, plan: pb.Plan, rid: str, t_start: float, context) -> _Execution:
+    def _start(self, plan: combine_pb.Plan, rid: str, t_start: float, context) -> _Execution:
         """A validated plan, ready to run (Abort when it is not valid)."""
-        mode, segs, keys, query = self._validate(plan)
+        checked = check_plan(plan, self.worker_model, max_new_tokens=self.cfg.max_new_tokens,
+                             max_prompt_tokens=self.cfg.max_prompt_tokens)
+        mode, segs, keys, query = checked.mode, checked.segments, checked.keys, checked.query
         remaining = context.time_remaining()
         ctx = RequestCtx(
             cfg=self.cfg, peers=self.peers, engine=self.engine, run=self.run, request_id=rid,
             deadline=Deadline(remaining if remaining is not None else self.cfg.default_timeout_s),
-            seam=modes.seam_for(mode, int(plan.seam)), dtype=self.dtype,
+            seam=checked.seam, dtype=self.dtype,
             scatter_addresses=list(plan.scatter_addresses),
             segcache_address=plan.segcache_address or self.cfg.segcache_address,
             store=plan.store_entries,
-            segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == pb.SOURCE_SEGCACHE],
+            segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == combine_pb.SOURCE_SEGCACHE],
             secret=self.secret)
-        timings = rpb.Timings(segments=len(segs), prompt_tokens=sum(len(s) for s in segs) + len(query))
+        timings = router_pb.Timings(segments=len(segs), prompt_tokens=sum(len(s) for s in segs) + len(query))
         order, lead = self._compose_order(mode, plan)
         return _Execution(plan=plan, mode=mode, segs=segs, keys=keys, query=query, ctx=ctx,
                           t_start=t_start, timings=timings, order=order, lead=lead)
 
     # ---- RPCs -----------------------------------------------------------------------------
-    async def Info(self, request: pb.CombineInfoRequest, context) -> pb.CombineInfoResponse:
-        return pb.CombineInfoResponse(model_type=self.engine.model_type,
+    async def Info(self, request: combine_pb.CombineInfoRequest, context) -> combine_pb.CombineInfoResponse:
+        return combine_pb.CombineInfoResponse(model_type=self.engine.model_type,
                                       model_fingerprint=self.engine.fingerprint,
                                       dtype=self.dtype, in_flight=self.in_flight)
 
-    async def Execute(self, plan: pb.Plan, context):
+    async def Execute(self, plan: combine_pb.Plan, context):
         """Run a plan (docs/combine.md): its events, or a status. The stages are in _run."""
         t_start = time.perf_counter()
         rid = sanitize_request_id(plan.request_id) or structlog.contextvars.get_contextvars().get("request_id") or new_request_id()
@@ -263,8 +214,8 @@ class CombineServicer(pb_grpc.CombineServicer):
         if ex.order is not None:
             composed = None
             async for ev in self._compose(ex):
-                if isinstance(ev, pb.SegmentReady):
-                    yield pb.CombineEvent(segment=ev)
+                if isinstance(ev, combine_pb.SegmentReady):
+                    yield combine_pb.CombineEvent(segment=ev)
                 else:
                     composed = ev
             ex.ctx.deadline.left()
@@ -281,7 +232,7 @@ class CombineServicer(pb_grpc.CombineServicer):
         async for ev in self._decode(ex, logits, state):
             yield ev
         await self._settle(ex)
-        yield pb.CombineEvent(timings=ex.timings)
+        yield combine_pb.CombineEvent(timings=ex.timings)
 
     @staticmethod
     def _query_timed(ex: _Execution, t: float) -> None:
@@ -296,12 +247,12 @@ class CombineServicer(pb_grpc.CombineServicer):
         pick = functools.partial(pick_token, temperature=float(plan.temperature), top_k=top_k, gen=gen,
                                  top_p=float(plan.top_p))
         tok = pick(logits)
-        first = rpb.TokenEvent(token_id=tok, index=0)
+        first = router_pb.TokenEvent(token_id=tok, index=0)
         if plan.return_logits:
             first.logits.extend(logits.float().tolist())
         ex.timings.ttft_s = time.perf_counter() - ex.t_start
         m.STAGE_SECONDS.labels("ttft").observe(ex.timings.ttft_s)
-        yield pb.CombineEvent(token=first)
+        yield combine_pb.CombineEvent(token=first)
         m.TOKENS.inc()
         for index in range(1, plan.max_tokens):
             if plan.stop_at_eos and tok in self.eos:
@@ -310,7 +261,7 @@ class CombineServicer(pb_grpc.CombineServicer):
             t = time.perf_counter()
             tok, state = await self.run(self._step, tok, state, pick)
             m.STAGE_SECONDS.labels("decode_token").observe(time.perf_counter() - t)
-            yield pb.CombineEvent(token=rpb.TokenEvent(token_id=tok, index=index))
+            yield combine_pb.CombineEvent(token=router_pb.TokenEvent(token_id=tok, index=index))
             m.TOKENS.inc()
 
     async def _settle(self, ex: _Execution) -> None:
@@ -325,7 +276,7 @@ class CombineServicer(pb_grpc.CombineServicer):
                  hits=timings.hits, misses=timings.misses, prompt_tokens=timings.prompt_tokens,
                  ttft_s=round(timings.ttft_s, 6), total_s=round(timings.total_s, 6))
 
-    def _compose_order(self, mode: str, plan: pb.Plan) -> tuple[str | None, int]:
+    def _compose_order(self, mode: str, plan: combine_pb.Plan) -> tuple[str | None, int]:
         """(order, lead): the first `lead` segments are composed in one layer-major pass, the
         rest segment by segment. order is "layer" (lead = all), "mixed" (a leading run of hits,
         then segment-major), "segment" (lead = 0), or None when the mode recomputes instead."""
@@ -339,7 +290,7 @@ class CombineServicer(pb_grpc.CombineServicer):
         if self.cfg.compose_order != "auto" or mode != "hypic":
             return "segment", 0
         lead = 0
-        while lead < len(plan.segments) and plan.segments[lead].source == pb.SOURCE_SEGCACHE:
+        while lead < len(plan.segments) and plan.segments[lead].source == combine_pb.SOURCE_SEGCACHE:
             lead += 1
         if lead == len(plan.segments):
             return "layer", lead
@@ -381,7 +332,7 @@ class CombineServicer(pb_grpc.CombineServicer):
                     except asyncio.TimeoutError:
                         raise DeadlineExceeded("deadline exceeded") from None
                 ready[i] = a = self._arrived(tasks[i], i, timings, ex.t_start)
-                yield pb.SegmentReady(index=i, source=a.source, tier=a.tier, fetch_s=a.fetch_s,
+                yield combine_pb.SegmentReady(index=i, source=a.source, tier=a.tier, fetch_s=a.fetch_s,
                                       build_s=a.build_s, tokens=len(segs[i]), worker=a.worker,
                                       via_nixl=a.via_nixl)
             ctx.deadline.left()
@@ -405,7 +356,7 @@ class CombineServicer(pb_grpc.CombineServicer):
         yield _Composed(without_arenas(state), logits)
 
     async def _compose_arrived(self, state, entries: list, in_runs: bool, additive: bool, capacity: int,
-                               timings: rpb.Timings, query: list[int] | None):
+                               timings: router_pb.Timings, query: list[int] | None):
         """Extend the state by arrived segments: a run in one layer-major pass (seams, and the
         query when given, inside compose_s; keys into the request's arena), or one segment-major
         step (its seam timed apart). (the query's logits or None, state)"""
@@ -422,7 +373,7 @@ class CombineServicer(pb_grpc.CombineServicer):
         timings.compose_s += compose_s
         return logits, state
 
-    def _arrived(self, task: asyncio.Task, i: int, timings: rpb.Timings, t_start: float) -> Acquired:
+    def _arrived(self, task: asyncio.Task, i: int, timings: router_pb.Timings, t_start: float) -> Acquired:
         """Segment i's entry, now in hand, counted into the timings and metrics."""
         try:
             a = task.result()
@@ -433,16 +384,16 @@ class CombineServicer(pb_grpc.CombineServicer):
             raise Abort(grpc.StatusCode.INTERNAL,
                         f"segment {i} could not be built: {type(e).__name__}: {e}") from None
         timings.transfer_s = max(timings.transfer_s, a.arrived - t_start)
-        if a.source == pb.SOURCE_SEGCACHE:
+        if a.source == combine_pb.SOURCE_SEGCACHE:
             timings.hits += 1
             if a.tier:
                 timings.hits_by_tier[a.tier] = timings.hits_by_tier.get(a.tier, 0) + 1
         else:
             timings.misses += 1
-            if a.source == pb.SOURCE_SCATTER:
+            if a.source == combine_pb.SOURCE_SCATTER:
                 timings.scatter_s = max(timings.scatter_s, a.arrived - t_start)
         m.SEGMENTS.labels(SOURCES[a.source], "nixl" if a.via_nixl else
-                          "local" if a.source == pb.SOURCE_LOCAL else "grpc").inc()
+                          "local" if a.source == combine_pb.SOURCE_LOCAL else "grpc").inc()
         return a
 
     def _compose_one(self, state, entry, additive: bool):

@@ -13,13 +13,11 @@ from pathlib import Path
 from typing import Optional
 
 from common.engine import modes
+from common.mesh.fields import field_help
 
 ENV_PREFIX = "HYPIC_FRONTEND_"
 MODE_NAMES = (*modes.MODES, *modes.ALIASES)  # canonical names, and "naive" (additive's old name)
 
-
-def _h(text: str) -> dict:
-    return {"help": text}
 
 
 @dataclass
@@ -27,38 +25,38 @@ class FrontConfig:
     """OpenAI-compatible HTTP front of the Hypic routers."""
 
     # --- model ---------------------------------------------------------------------------
-    model: Path = field(default=Path("models/hypic-tiny-qwen35"), metadata=_h(
+    model: Path = field(default=Path("models/hypic-tiny-qwen35"), metadata=field_help(
         "model directory the routers serve (its tokenizer and tokenizer_config.json chat template)"))
-    served_model_name: str = field(default="", metadata=_h(
+    served_model_name: str = field(default="", metadata=field_help(
         "the model id clients send; empty = the model directory's name"))
     # --- network -------------------------------------------------------------------------
-    host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
-    port: int = field(default=8000, metadata=_h("HTTP port; 0 = ephemeral"))
-    port_file: Optional[Path] = field(default=None, metadata=_h(
+    host: str = field(default="127.0.0.1", metadata=field_help("address to bind"))
+    port: int = field(default=8000, metadata=field_help("HTTP port; 0 = ephemeral"))
+    port_file: Optional[Path] = field(default=None, metadata=field_help(
         "write {port, pid} as JSON here once serving"))
-    router_addresses: str = field(default="127.0.0.1:50051", metadata=_h(
+    router_addresses: str = field(default="127.0.0.1:50051", metadata=field_help(
         "router host:port list, comma-separated"))
-    api_key: str = field(default="", metadata=_h(
+    api_key: str = field(default="", metadata=field_help(
         "when set, every /v1 request needs 'Authorization: Bearer <key>' (else 401)"))
-    router_tls_ca: Optional[Path] = field(default=None, metadata=_h(
+    router_tls_ca: Optional[Path] = field(default=None, metadata=field_help(
         "PEM CA that signed the routers' certificate: reach them over TLS (else plaintext)"))
-    router_api_key: str = field(default="", metadata=_h(
+    router_api_key: str = field(default="", metadata=field_help(
         "bearer token the routers require (their --api-key; '@FILE' reads it from a file)"))
     # --- request handling ----------------------------------------------------------------
-    segment_separator: str = field(default=" # # ", metadata=_h(
+    segment_separator: str = field(default=" # # ", metadata=field_help(
         "LMCache-style separator: a completions prompt is split on it into segments, the last "
         "piece being the query; empty = off"))
-    default_mode: str = field(default="hypic", metadata=_h(
+    default_mode: str = field(default="hypic", metadata=field_help(
         "prefill mode when a request names none: hypic | full | prefix | additive (naive: its old name)"))
-    default_max_tokens: int = field(default=128, metadata=_h(
+    default_max_tokens: int = field(default=128, metadata=field_help(
         "max_tokens when a request gives none"))
-    max_in_flight: int = field(default=256, metadata=_h("requests in flight before 429"))
-    request_timeout_s: float = field(default=300.0, metadata=_h("deadline of one generation"))
-    grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+    max_in_flight: int = field(default=256, metadata=field_help("requests in flight before 429"))
+    request_timeout_s: float = field(default=300.0, metadata=field_help("deadline of one generation"))
+    grace_s: float = field(default=5.0, metadata=field_help("graceful-shutdown grace period"))
     # --- observability -------------------------------------------------------------------
-    log_level: str = field(default="info", metadata=_h("debug | info | warning | error"))
-    log_json: bool = field(default=True, metadata=_h("JSON log lines (else console format)"))
-    access_log: bool = field(default=True, metadata=_h(
+    log_level: str = field(default="info", metadata=field_help("debug | info | warning | error"))
+    log_json: bool = field(default=True, metadata=field_help("JSON log lines (else console format)"))
+    access_log: bool = field(default=True, metadata=field_help(
         "one log line per HTTP request (uvicorn's access log, rendered like every other line)"))
 
     def __post_init__(self) -> None:

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from common.mesh import service
 from common.mesh.auth import ApiKeyInterceptor, read_secret
-from protos.hypic.v1 import router_pb2_grpc
+from protos.hypic.v1 import router_pb2_grpc as router_grpc
 from services.router.config import ENV_PREFIX, RouterConfig
 from services.router.model import ModelError, ModelInfo
 from services.router.servicer import SERVICE_NAME, RouterServicer
@@ -43,7 +43,7 @@ class RouterService(service.Service):
 
     def register(self, server, port: int) -> None:
         self.servicer = RouterServicer(self.cfg, self.model, self.executor)
-        router_pb2_grpc.add_RouterServicer_to_server(self.servicer, server)
+        router_grpc.add_RouterServicer_to_server(self.servicer, server)
 
     async def started(self) -> None:
         await self.servicer.start_background()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.mesh.fields import field_help
 from common.mesh.config import ServiceConfig
 from common.mesh.discovery import Target, parse_target
 from common.mesh.auth import api_key_field
@@ -23,66 +24,63 @@ ENV_PREFIX = "HYPIC_ROUTER_"
 MiB = 1 << 20
 
 
-def _h(text: str) -> dict:
-    return {"help": text}
-
 
 @dataclass
 class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, log_json
     """The client-facing router: tokenize, look up, plan (LPT), hand the plan to combine."""
 
     # --- model ---------------------------------------------------------------------------
-    model: Path = field(default=Path("models/hypic-tiny-qwen35"), metadata=_h(
+    model: Path = field(default=Path("models/hypic-tiny-qwen35"), metadata=field_help(
         "model directory (config.json, *.safetensors, tokenizer files); weights are hashed for "
         "the fingerprint, never loaded"))
-    seam: int = field(default=8, metadata=_h("seam window (tokens recomputed per segment)"))
-    dtype: str = field(default="float32", metadata=_h("entry dtype: float32 | bfloat16 | float16 "
+    seam: int = field(default=8, metadata=field_help("seam window (tokens recomputed per segment)"))
+    dtype: str = field(default="float32", metadata=field_help("entry dtype: float32 | bfloat16 | float16 "
                                                       "(must match scatter and combine)"))
     # --- network -------------------------------------------------------------------------
-    host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
-    port: int = field(default=50051, metadata=_h("gRPC port; 0 = ephemeral"))
+    host: str = field(default="127.0.0.1", metadata=field_help("address to bind"))
+    port: int = field(default=50051, metadata=field_help("gRPC port; 0 = ephemeral"))
     port_file: Optional[Path] = field(
-        default=None, metadata=_h("write {port, metrics_port, pid} as JSON here once serving"))
-    max_message_bytes: int = field(default=16 * MiB, metadata=_h("largest gRPC message, each way"))
-    grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
+        default=None, metadata=field_help("write {port, metrics_port, pid} as JSON here once serving"))
+    max_message_bytes: int = field(default=16 * MiB, metadata=field_help("largest gRPC message, each way"))
+    grace_s: float = field(default=5.0, metadata=field_help("graceful-shutdown grace period"))
     # --- the mesh ------------------------------------------------------------------------
-    segcache_address: str = field(default="", metadata=_h(
+    segcache_address: str = field(default="", metadata=field_help(
         "segcache host:port, or a comma-separated list (each key on one instance, by rendezvous "
         "hashing over the healthy ones); empty = no cache (every segment is a miss, nothing stored)"))
-    scatter_addresses: str = field(default="", metadata=_h(
+    scatter_addresses: str = field(default="", metadata=field_help(
         "scatter workers: host:port list, comma-separated, or dns:///name:port (every record a "
         "worker); empty (or no members) = misses are built on combine"))
-    combine_addresses: str = field(default="127.0.0.1:50081", metadata=_h(
+    combine_addresses: str = field(default="127.0.0.1:50081", metadata=field_help(
         "combines: host:port list, comma-separated, or dns:///name:port (least loaded first, "
         "the next on UNAVAILABLE)"))
-    discovery_refresh_s: float = field(default=2.0, metadata=_h(
+    discovery_refresh_s: float = field(default=2.0, metadata=field_help(
         "how often dns:/// address targets are re-resolved"))
     # --- limits --------------------------------------------------------------------------
-    max_prompt_tokens: int = field(default=32768, metadata=_h("longest prompt (segments + query)"))
-    max_segments: int = field(default=1024, metadata=_h("most segments in one request"))
-    max_tokens_limit: int = field(default=4096, metadata=_h("largest max_tokens accepted"))
-    max_in_flight: int = field(default=64, metadata=_h("requests in flight before "
+    max_prompt_tokens: int = field(default=32768, metadata=field_help("longest prompt (segments + query)"))
+    max_segments: int = field(default=1024, metadata=field_help("most segments in one request"))
+    max_tokens_limit: int = field(default=4096, metadata=field_help("largest max_tokens accepted"))
+    max_in_flight: int = field(default=64, metadata=field_help("requests in flight before "
                                                        "RESOURCE_EXHAUSTED"))
     # --- timeouts (seconds; every downstream call also honours the client's deadline) ----
-    lookup_timeout_s: float = field(default=1.0, metadata=_h(
+    lookup_timeout_s: float = field(default=1.0, metadata=field_help(
         "segcache Lookup budget; slower or failing lookups count every segment as a miss"))
-    claim_lease_s: float = field(default=10.0, metadata=_h(
+    claim_lease_s: float = field(default=10.0, metadata=field_help(
         "build claims: a missed segment is claimed in segcache for this long, so that routers "
         "missing it at once build it once (the others wait for the entry); 0 = off"))
-    claim_wait_s: float = field(default=30.0, metadata=_h(
+    claim_wait_s: float = field(default=30.0, metadata=field_help(
         "longest wait for a segment another request is building (also at most half of what "
         "is left of the deadline); then it is built here"))
-    request_timeout_s: float = field(default=300.0, metadata=_h(
+    request_timeout_s: float = field(default=300.0, metadata=field_help(
         "deadline given to combine when the client set none"))
-    combine_cooldown_s: float = field(default=2.0, metadata=_h(
+    combine_cooldown_s: float = field(default=2.0, metadata=field_help(
         "a combine that answered UNAVAILABLE is tried last for this long"))
-    load_poll_s: float = field(default=1.0, metadata=_h("Scatter.Load poll period; 0 = off"))
-    load_timeout_s: float = field(default=0.5, metadata=_h("Scatter.Load call timeout"))
+    load_poll_s: float = field(default=1.0, metadata=field_help("Scatter.Load poll period; 0 = off"))
+    load_timeout_s: float = field(default=0.5, metadata=field_help("Scatter.Load call timeout"))
     # --- cost model prior: t = a + b·L + c·L² ---------------------------------------------
-    cost_a_s: float = field(default=0.02, metadata=_h("prior fixed cost of one build (s)"))
-    cost_b_s: float = field(default=2e-4, metadata=_h("prior cost per token (s)"))
-    cost_c_s: float = field(default=2e-9, metadata=_h("prior cost per token² (s)"))
-    tokenizer_threads: int = field(default=2, metadata=_h("threads for tokenizing"))
+    cost_a_s: float = field(default=0.02, metadata=field_help("prior fixed cost of one build (s)"))
+    cost_b_s: float = field(default=2e-4, metadata=field_help("prior cost per token (s)"))
+    cost_c_s: float = field(default=2e-9, metadata=field_help("prior cost per token² (s)"))
+    tokenizer_threads: int = field(default=2, metadata=field_help("threads for tokenizing"))
 
     # --- authorisation (docs/security.md) ---------------------------------------------------
     api_key: Optional[str] = api_key_field()

@@ -11,26 +11,21 @@ from typing import Any
 import grpc
 import structlog
 
-from common.mesh.tls import open_channel
-from protos.hypic.v1 import combine_pb2_grpc as cpb_grpc
-from protos.hypic.v1 import scatter_pb2 as spb
-from protos.hypic.v1 import scatter_pb2_grpc as spb_grpc
+from common.mesh.channels import open_channel
+from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
+from protos.hypic.v1 import scatter_pb2 as scatter_pb
+from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
 from services.router import metrics as m
 from services.router.planner import Planner
 
 log = structlog.get_logger("router.servicer")
-
-# Reconnect quickly after a peer restarts (grpc's default backoff grows to 120 s). The connect
-# timeout itself ("grpc.min_reconnect_backoff_ms", 20 s) stays grpc's default.
-BACKOFF_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 200),
-                   ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
 @dataclass(eq=False)
 class _Combine:
     address: str
     channel: grpc.aio.Channel
-    stub: cpb_grpc.CombineStub
+    stub: combine_grpc.CombineStub
     in_flight: int = 0
     cooldown_until: float = 0.0
 
@@ -63,7 +58,7 @@ class CombinePool:
             c = have.pop(a, None)
             if c is None:
                 ch = open_channel(a, self.options, self.tls)
-                c = _Combine(a, ch, cpb_grpc.CombineStub(ch))
+                c = _Combine(a, ch, combine_grpc.CombineStub(ch))
             items.append(c)
         self.items = items
         self._leaving.extend(have.values())
@@ -112,7 +107,7 @@ class ScatterPool:
         self.fingerprint = fingerprint
         self.timeout_s = timeout_s
         self.options = options
-        self.stubs: dict[int, spb_grpc.ScatterStub] = {}
+        self.stubs: dict[int, scatter_grpc.ScatterStub] = {}
         self.channels: dict[int, grpc.aio.Channel] = {}
         self._warned: set[str] = set()
         self.apply(addresses)
@@ -141,7 +136,7 @@ class ScatterPool:
             self.planner.set_absent(w, False)
             ch = open_channel(a, self.options, self.tls)
             self.channels[w] = ch
-            self.stubs[w] = spb_grpc.ScatterStub(ch)
+            self.stubs[w] = scatter_grpc.ScatterStub(ch)
             present.add(a)
             log.info("scatter worker joined", worker=a, index=w)
 
@@ -164,10 +159,10 @@ class ScatterPool:
             asyncio.ensure_future(ch.close())
 
     async def poll_once(self) -> None:
-        async def one(w: int, stub: spb_grpc.ScatterStub) -> None:
+        async def one(w: int, stub: scatter_grpc.ScatterStub) -> None:
             address = self.addresses[w]
             try:
-                r = await stub.Load(spb.LoadRequest(), timeout=self.timeout_s)
+                r = await stub.Load(scatter_pb.LoadRequest(), timeout=self.timeout_s)
             except grpc.aio.AioRpcError as e:
                 if self.stubs.get(w) is not stub:
                     return  # left while we asked

@@ -16,7 +16,6 @@ import os
 import time
 import uuid
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import grpc
@@ -30,78 +29,37 @@ from common.mesh.discovery import MemberSet
 from common.mesh.guard import internal_details
 from common.mesh.log import REQUEST_ID_KEY, sanitize_request_id
 from common.mesh.segcache_ring import SegcacheRing
-from common.mesh.tls import open_channel
-from common.mesh.server import channel_options
-from protos.hypic.v1 import combine_pb2 as cpb
-from protos.hypic.v1 import router_pb2 as pb
-from protos.hypic.v1 import router_pb2_grpc as pb_grpc
-from protos.hypic.v1 import segcache_pb2 as scpb
+from common.mesh.channels import channel_options, open_channel
+from protos.hypic.v1 import combine_pb2 as combine_pb
+from protos.hypic.v1 import router_pb2 as router_pb
+from protos.hypic.v1 import router_pb2_grpc as router_grpc
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from services.router import metrics as m
 from services.router.claims import Claimed, claim_misses
 from services.router.config import RouterConfig
 from services.router.model import ModelInfo
-from services.router.planner import CostModel, Job, Planner, Ticket
-from services.router.pools import BACKOFF_OPTIONS, CombinePool, ScatterPool
+from services.router.planner import CostModel, Job, Planner
+from services.router.pools import CombinePool, ScatterPool
+from services.router.request import RequestState, norm_tier, tier_name
 
 log = structlog.get_logger("router.servicer")
 
 SERVICE_NAME = "hypic.v1.Router"
 
 
-def tier_name(tier: int) -> str:
-    """'device' | 'host' | 'disk' for a segcache Tier."""
-    return scpb.Tier.Name(tier).removeprefix("TIER_").lower() if tier in scpb.Tier.values() else str(tier)
-
-
-def _norm_tier(text: str) -> str:
-    return text.strip().lower().removeprefix("tier_")
-
-
-def stop_at_eos(request: pb.GenerateRequest) -> bool:
+def stop_at_eos(request: router_pb.GenerateRequest) -> bool:
     """Whether to stop at EOS: as the request says, true when it says nothing."""
     return request.stop_at_eos if request.HasField("stop_at_eos") else True
 
 
-# ---- per-request state ----------------------------------------------------------------------
-
-@dataclass
-class _Request:
-    rid: str
-    mode: int
-    t0: float
-    deadline: float
-    segments: list[list[int]] = field(default_factory=list)
-    query: list[int] = field(default_factory=list)
-    prompt_tokens: int = 0
-    tokenize_s: float = 0.0
-    lookup_s: float = 0.0
-    planned_tiers: dict[int, str] = field(default_factory=dict)   # segment index -> tier (hits)
-    planned_misses: int = 0
-    ticket: Ticket | None = None
-    ready: dict[int, tuple[int, str]] = field(default_factory=dict)  # index -> (source, tier)
-    trace: dict[int, pb.SegmentTrace] = field(default_factory=dict)  # index -> where it came from
-    combine_timings: pb.Timings = field(default_factory=pb.Timings)
-    ttft_s: float = 0.0
-    tokens_sent: int = 0
-    seam: int = 0                  # the plan's seam window (cached bodies exclude it)
-
-    @property
-    def mode_name(self) -> str:
-        try:
-            return modes.from_wire(self.mode)
-        except ValueError:
-            return "unknown"  # metric labels come from a closed set
-
-    def remaining(self) -> float:
-        return self.deadline - time.monotonic()
-
-
-class RouterServicer(pb_grpc.RouterServicer):
+class RouterServicer(router_grpc.RouterServicer):
     def __init__(self, cfg: RouterConfig, model: ModelInfo, executor: Executor):
         self.cfg = cfg
         self.model = model
         self.executor = executor
-        options = channel_options(cfg.max_message_bytes) + BACKOFF_OPTIONS
+        # Reconnect quickly after a peer restarts; the connect timeout (gRPC's min backoff, 20 s)
+        # stays gRPC's default.
+        options = channel_options(cfg.max_message_bytes, min_backoff_ms=None)
         self.planner = Planner(0, CostModel(cfg.cost_prior))
         # Static lists are members from the start; dns:/// targets fill in at start_background.
         self.combines = CombinePool(cfg.combines, options, cfg.combine_cooldown_s, tls=cfg)
@@ -152,8 +110,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             m.WORKER_LOAD.labels(a).set(self.planner.load(w))
 
     # ---- Info ----------------------------------------------------------------------------------
-    async def Info(self, request: pb.InfoRequest, context) -> pb.InfoResponse:
-        return pb.InfoResponse(
+    async def Info(self, request: router_pb.InfoRequest, context) -> router_pb.InfoResponse:
+        return router_pb.InfoResponse(
             model_type=self.model.model_type, model_fingerprint=self.model.fingerprint,
             vocab_size=self.model.vocab_size, seam=self.cfg.seam, dtype=self.cfg.dtype,
             max_prompt_tokens=self.cfg.max_prompt_tokens,
@@ -161,14 +119,14 @@ class RouterServicer(pb_grpc.RouterServicer):
             combine_addresses=self.combines.addresses, segcache_address=self.cfg.segcache_address)
 
     # ---- Generate ------------------------------------------------------------------------------
-    async def Generate(self, request: pb.GenerateRequest, context) -> AsyncIterator[pb.GenerateEvent]:
+    async def Generate(self, request: router_pb.GenerateRequest, context) -> AsyncIterator[router_pb.GenerateEvent]:
         t0 = time.perf_counter()
         rid = sanitize_request_id(request.request_id) or \
             structlog.contextvars.get_contextvars().get("request_id") or ""
         structlog.contextvars.bind_contextvars(request_id=rid)
         remaining = context.time_remaining()
         budget = self.cfg.request_timeout_s if remaining is None else remaining
-        req = _Request(rid=rid, mode=request.mode, t0=t0, deadline=time.monotonic() + budget)
+        req = RequestState(rid=rid, mode=request.mode, t0=t0, deadline=time.monotonic() + budget)
         code = "OK"
         if self.in_flight >= self.cfg.max_in_flight:
             m.REQUESTS.labels(req.mode_name, "RESOURCE_EXHAUSTED").inc()
@@ -205,7 +163,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                 self._publish_loads()
 
     # ---- stages --------------------------------------------------------------------------------
-    async def _prepare(self, request: pb.GenerateRequest, req: _Request) -> None:
+    async def _prepare(self, request: router_pb.GenerateRequest, req: RequestState) -> None:
         """Validate and tokenize (INVALID_ARGUMENT on anything malformed)."""
         cfg = self.cfg
         bad = grpc.StatusCode.INVALID_ARGUMENT
@@ -269,7 +227,7 @@ class RouterServicer(pb_grpc.RouterServicer):
         req.query = ids[-1]  # type: ignore[assignment]
         req.prompt_tokens = total
 
-    async def _claim_misses(self, keys: list[str], req: _Request) -> Claimed:
+    async def _claim_misses(self, keys: list[str], req: RequestState) -> Claimed:
         """Claim the misses (services.router.claims)."""
         cfg = self.cfg
         if self.segcache is None or not keys or cfg.claim_lease_s <= 0:
@@ -285,17 +243,17 @@ class RouterServicer(pb_grpc.RouterServicer):
     def _segcache_instances(self) -> str:
         return ",".join(self.segcache.healthy()) if self.segcache is not None else ""
 
-    def _md(self, req: _Request) -> list[tuple[str, str]]:
+    def _md(self, req: RequestState) -> list[tuple[str, str]]:
         return [(REQUEST_ID_KEY, req.rid)]
 
-    async def _lookup(self, keys: list[str], req: _Request) -> dict[str, scpb.EntryInfo]:
+    async def _lookup(self, keys: list[str], req: RequestState) -> dict[str, segcache_pb.EntryInfo]:
         """Which keys segcache holds; any failure or slowness means "all misses"."""
         if self.segcache is None or not keys:
             return {}
         t = time.perf_counter()
         # A slow segcache may not eat the request: at most half of what is left of the deadline.
         budget = min(self.cfg.lookup_timeout_s, 0.5 * req.remaining())
-        found: dict[str, scpb.EntryInfo] = {}
+        found: dict[str, segcache_pb.EntryInfo] = {}
         try:
             if budget <= 0:
                 raise asyncio.TimeoutError
@@ -304,7 +262,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             entries, asked, failed = await asyncio.wait_for(
                 self.segcache.lookup_reporting(keys, request_id=req.rid, timeout=budget), budget)
             for e in entries:
-                if e.tier != scpb.TIER_MISS:
+                if e.tier != segcache_pb.TIER_MISS:
                     found[e.key] = e
             if failed:
                 m.LOOKUP_FAILURES.inc()
@@ -324,12 +282,12 @@ class RouterServicer(pb_grpc.RouterServicer):
         m.STAGE.labels("lookup").observe(req.lookup_s)
         return found
 
-    async def _plan(self, request: pb.GenerateRequest, req: _Request) -> cpb.Plan:
+    async def _plan(self, request: router_pb.GenerateRequest, req: RequestState) -> combine_pb.Plan:
         cfg = self.cfg
         mode = modes.from_wire(request.mode)
         cached_modes = modes.uses_entries(mode)
         seam = modes.seam_for(mode, cfg.seam)
-        plan = cpb.Plan(
+        plan = combine_pb.Plan(
             request_id=req.rid, query=req.query, seam=seam,
             model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=request.mode,
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
@@ -341,7 +299,7 @@ class RouterServicer(pb_grpc.RouterServicer):
         if not cached_modes:
             # full / prefix: combine prefills the tokens itself; no keys, no lookup.
             for ids in req.segments:
-                plan.segments.add(token_ids=ids, source=cpb.SOURCE_LOCAL)
+                plan.segments.add(token_ids=ids, source=combine_pb.SOURCE_LOCAL)
             return plan
         keys = [segment_key(self.model.fingerprint, seam, cfg.dtype, ids) for ids in req.segments]
         unique = list(dict.fromkeys(keys))
@@ -371,18 +329,18 @@ class RouterServicer(pb_grpc.RouterServicer):
             self._publish_loads()
         for i, (key, ids) in enumerate(zip(keys, req.segments)):
             if i in req.planned_tiers:
-                plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SEGCACHE,
+                plan.segments.add(key=key, token_ids=ids, source=combine_pb.SOURCE_SEGCACHE,
                                   est_cost_s=found[key].recompute_cost_s)
             elif key in elsewhere:
-                plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SEGCACHE,
+                plan.segments.add(key=key, token_ids=ids, source=combine_pb.SOURCE_SEGCACHE,
                                   wait_s=elsewhere[key],
                                   est_cost_s=self.planner.cost.predict(len(ids)))
             elif i in assigned:
                 a = assigned[i]
-                plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_SCATTER,
+                plan.segments.add(key=key, token_ids=ids, source=combine_pb.SOURCE_SCATTER,
                                   worker=position.get(a.worker, 0), est_cost_s=a.est_s)
             else:
-                plan.segments.add(key=key, token_ids=ids, source=cpb.SOURCE_LOCAL,
+                plan.segments.add(key=key, token_ids=ids, source=combine_pb.SOURCE_LOCAL,
                                   est_cost_s=self.planner.cost.predict(len(ids)))
         m.STAGE.labels("plan").observe(time.perf_counter() - t)
         log.info("planned", segments=len(keys), hits=len(req.planned_tiers),
@@ -390,74 +348,30 @@ class RouterServicer(pb_grpc.RouterServicer):
                  workers=[a.worker for a in (req.ticket.assignments if req.ticket else [])])
         return plan
 
-    def _on_segment(self, plan: cpb.Plan, req: _Request, ready: cpb.SegmentReady) -> None:
+    def _on_segment(self, plan: combine_pb.Plan, req: RequestState, ready: combine_pb.SegmentReady) -> None:
         i = ready.index
         if i >= len(plan.segments):
             log.warning("SegmentReady for an unknown index", index=i)
             return
         ps = plan.segments[i]
-        tier = _norm_tier(ready.tier) or req.planned_tiers.get(i, "")
+        tier = norm_tier(ready.tier) or req.planned_tiers.get(i, "")
         req.ready[i] = (ready.source, tier)
-        req.trace[i] = pb.SegmentTrace(
-            index=i, source=cpb.SegmentSource.Name(ready.source).removeprefix("SOURCE_").lower()
-            if ready.source in cpb.SegmentSource.values() else "unknown",
+        req.trace[i] = router_pb.SegmentTrace(
+            index=i, source=combine_pb.SegmentSource.Name(ready.source).removeprefix("SOURCE_").lower()
+            if ready.source in combine_pb.SegmentSource.values() else "unknown",
             worker=ready.worker, tier=tier, fetch_s=ready.fetch_s, build_s=ready.build_s,
             tokens=ready.tokens or len(ps.token_ids), via_nixl=ready.via_nixl)
-        m.SEGMENTS.labels(cpb.SegmentSource.Name(ready.source).removeprefix("SOURCE_").lower()
-                          if ready.source in cpb.SegmentSource.values() else "unknown").inc()
+        m.SEGMENTS.labels(combine_pb.SegmentSource.Name(ready.source).removeprefix("SOURCE_").lower()
+                          if ready.source in combine_pb.SegmentSource.values() else "unknown").inc()
         if req.ticket is not None and ps.key:
-            build_s = ready.build_s if ready.source == cpb.SOURCE_SCATTER else 0.0
+            build_s = ready.build_s if ready.source == combine_pb.SOURCE_SCATTER else 0.0
             if self.planner.complete(req.ticket, ps.key, tokens=ready.tokens or len(ps.token_ids),
                                      build_s=build_s):
                 m.COST_OBS.inc()
                 self._publish_cost()
             self._publish_loads()
 
-    def _timings(self, req: _Request, final: bool) -> pb.Timings:
-        t = pb.Timings()
-        t.CopyFrom(req.combine_timings)
-        t.tokenize_s = req.tokenize_s
-        t.lookup_s = req.lookup_s
-        t.ttft_s = req.ttft_s
-        t.total_s = time.perf_counter() - req.t0 if final else req.ttft_s
-        t.segments = len(req.segments)
-        t.prompt_tokens = req.prompt_tokens
-        t.ClearField("hits_by_tier")
-        if final:
-            t.trace.extend(req.trace[i] for i in sorted(req.trace))
-        if req.ready:
-            hits = [tier for src, tier in req.ready.values() if src == cpb.SOURCE_SEGCACHE]
-            t.hits = len(hits)
-            t.misses = len(req.ready) - len(hits)
-            tiers = hits
-        elif req.combine_timings.hits or req.combine_timings.misses:
-            tiers = []
-            t.hits_by_tier.update(req.combine_timings.hits_by_tier)
-        else:
-            tiers = list(req.planned_tiers.values())
-            t.hits = len(tiers)
-            t.misses = req.planned_misses
-        for tier in tiers:
-            key = tier or "unknown"
-            t.hits_by_tier[key] = t.hits_by_tier.get(key, 0) + 1
-        self._cached_tokens(req, t)
-        return t
-
-    def _cached_tokens(self, req: _Request, t: pb.Timings) -> None:
-        """Tokens served from cache: each segcache hit's body (its seam window is recomputed)."""
-        hits = {i: tier for i, (src, tier) in req.ready.items() if src == cpb.SOURCE_SEGCACHE} \
-            if req.ready else dict(req.planned_tiers)
-        t.cached_tokens = 0
-        t.ClearField("cached_tokens_by_tier")
-        for i, tier in hits.items():
-            if i >= len(req.segments):
-                continue
-            body = max(0, len(req.segments[i]) - req.seam)
-            key = tier or "unknown"
-            t.cached_tokens += body
-            t.cached_tokens_by_tier[key] = t.cached_tokens_by_tier.get(key, 0) + body
-
-    async def _execute(self, plan: cpb.Plan, req: _Request) -> AsyncIterator[pb.GenerateEvent]:
+    async def _execute(self, plan: combine_pb.Plan, req: RequestState) -> AsyncIterator[router_pb.GenerateEvent]:
         md = self._md(req)
         detok = self.model.detokenizer()
         last_error = ""
@@ -478,7 +392,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                     if kind == "segment":
                         self._on_segment(plan, req, ev.segment)
                     elif kind == "token":
-                        tok = pb.TokenEvent()
+                        tok = router_pb.TokenEvent()
                         tok.CopyFrom(ev.token)
                         if detok is not None:
                             tok.text = detok.push(tok.token_id)
@@ -487,17 +401,17 @@ class RouterServicer(pb_grpc.RouterServicer):
                             req.ttft_s = time.perf_counter() - req.t0
                             m.TTFT.labels(req.mode_name).observe(req.ttft_s)
                         req.tokens_sent += 1
-                        yield pb.GenerateEvent(request_id=req.rid, token=tok)
+                        yield router_pb.GenerateEvent(request_id=req.rid, token=tok)
                         if first:
-                            yield pb.GenerateEvent(request_id=req.rid,
-                                                   timings=self._timings(req, final=False))
+                            yield router_pb.GenerateEvent(request_id=req.rid,
+                                                   timings=req.timings(final=False))
                     elif kind == "timings":
                         req.combine_timings.CopyFrom(ev.timings)
-                final = self._timings(req, final=True)
+                final = req.timings(final=True)
                 log.info("done", combine=c.address, tokens=req.tokens_sent,
                          ttft_s=round(req.ttft_s, 4), total_s=round(final.total_s, 4),
                          hits=final.hits, misses=final.misses)
-                yield pb.GenerateEvent(request_id=req.rid, timings=final, done=True)
+                yield router_pb.GenerateEvent(request_id=req.rid, timings=final, done=True)
                 return
             except grpc.aio.AioRpcError as e:
                 code = e.code()

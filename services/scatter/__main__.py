@@ -17,11 +17,10 @@ from common.engine.hybrid_engine import HybridEngine
 from common.mesh import service
 from common.mesh.log import adopt_library_loggers
 from common.mesh.auth import read_secret
-from common.mesh.segcache_ring import RECONNECT_OPTIONS, SegcacheRing
-from common.mesh.server import channel_options
-from common.mesh.tls import open_channel
+from common.mesh.channels import channel_options, open_channel
+from common.mesh.segcache_ring import RECONNECT_MAX_MS, SegcacheRing
 from common.mesh.server import format_address
-from protos.hypic.v1 import scatter_pb2_grpc
+from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
 from services.scatter.config import ENV_PREFIX, ScatterConfig
 from services.scatter.servicer import SERVICE_NAME, ScatterServicer
 
@@ -50,13 +49,13 @@ class ScatterService(service.Service):
         host = socket.gethostname() if cfg.host in ("0.0.0.0", "::", "") else cfg.host
         self.worker = cfg.worker or f"scatter@{format_address(host, port)}"
         # One address or many: each entry goes to its key's instance (rendezvous hashing).
-        options = channel_options(cfg.max_message_bytes) + RECONNECT_OPTIONS
+        options = channel_options(cfg.max_message_bytes, max_backoff_ms=RECONNECT_MAX_MS)
         self.segcache = (SegcacheRing(cfg.segcache_address, max_message_bytes=cfg.max_message_bytes,
                                       timeout_s=cfg.segcache_timeout_s,
                                       open_channel=lambda a: open_channel(a, options, cfg),
                                       write_token=read_secret(cfg.write_token))
                          if cfg.segcache_address else None)
-        scatter_pb2_grpc.add_ScatterServicer_to_server(
+        scatter_grpc.add_ScatterServicer_to_server(
             ScatterServicer(cfg, self.engine, self.executor, self.segcache, self.worker), server)
 
     def port_info(self) -> dict:

@@ -28,13 +28,13 @@ from common.engine.pic import BuildCancelled
 from common.engine.pic.entry import dtype_name
 from common.engine.pic.seal import load_secret, seal
 from common.mesh.abort import Abort
-from common.mesh.checks import check_model, expected_key, stream_chunk
+from common.mesh.checks import WorkerModel, check_build, stream_chunk
 from common.mesh.guard import internal_details
 from common.mesh.log import sanitize_request_id
 from common.mesh.segcache_client import checksum
 from common.mesh.segcache_ring import SegcacheRing
-from protos.hypic.v1 import scatter_pb2 as pb
-from protos.hypic.v1 import scatter_pb2_grpc as pb_grpc
+from protos.hypic.v1 import scatter_pb2 as scatter_pb
+from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
 from services.scatter import metrics as m
 from services.scatter.config import ScatterConfig
 
@@ -66,7 +66,7 @@ class Flight:
     task: asyncio.Task | None = None
 
 
-class ScatterServicer(pb_grpc.ScatterServicer):
+class ScatterServicer(scatter_grpc.ScatterServicer):
     def __init__(self, cfg: ScatterConfig, engine: HybridEngine, executor: Executor,
                  segcache: SegcacheRing | None, worker: str):
         self.cfg = cfg
@@ -75,25 +75,14 @@ class ScatterServicer(pb_grpc.ScatterServicer):
         self.segcache = segcache
         self.worker = worker
         self.dtype = dtype_name(engine.dtype)
+        self.worker_model = WorkerModel(engine.fingerprint, self.dtype, engine.vocab_size)
         self.secret = load_secret(cfg.entry_key_file)
         self.flights: dict[str, Flight] = {}  # key -> flight, until its store phase is over
         self.pending: dict[str, Flight] = {}  # key -> flight whose build is queued or running
 
     # ---- validation ---------------------------------------------------------------------
-    def _validate(self, req: pb.BuildRequest) -> list[int]:
-        if not req.token_ids:
-            raise Abort.invalid("empty segment")
-        if len(req.token_ids) > self.cfg.max_segment_tokens:
-            raise Abort.invalid(f"{len(req.token_ids)} tokens; at most {self.cfg.max_segment_tokens}")
-        try:
-            ids = self.engine.check_tokens(req.token_ids)
-        except ValueError as e:
-            raise Abort.invalid(str(e)) from None
-        check_model(req.model_fingerprint, req.dtype, worker_fingerprint=self.engine.fingerprint,
-                    worker_dtype=self.dtype)
-        expected_key(req.key, ids, fingerprint=self.engine.fingerprint, seam=int(req.seam), dtype=self.dtype,
-                     required=True)
-        return ids
+    def _validate(self, req: scatter_pb.BuildRequest) -> list[int]:
+        return check_build(req, self.worker_model, max_segment_tokens=self.cfg.max_segment_tokens)
 
     # ---- the flight ---------------------------------------------------------------------
     def _build(self, fl: Flight) -> Built:
@@ -214,7 +203,7 @@ class ScatterServicer(pb_grpc.ScatterServicer):
             fl.task.cancel()
 
     # ---- RPCs -----------------------------------------------------------------------------
-    async def Build(self, request: pb.BuildRequest, context):
+    async def Build(self, request: scatter_pb.BuildRequest, context):
         try:
             ids = self._validate(request)
         except Abort as e:
@@ -229,11 +218,11 @@ class ScatterServicer(pb_grpc.ScatterServicer):
                 await e.send(context)
             chunk = stream_chunk(request.chunk_bytes, self.cfg.chunk_bytes, self.cfg.max_message_bytes)
             data = memoryview(built.data)
-            header = pb.BuildHeader(key=fl.key, size=len(data), build_s=built.build_s,
+            header = scatter_pb.BuildHeader(key=fl.key, size=len(data), build_s=built.build_s,
                                     shared=shared, worker=self.worker, checksum=built.checksum)
-            yield pb.BuildResponse(header=header, data=bytes(data[:chunk]))
+            yield scatter_pb.BuildResponse(header=header, data=bytes(data[:chunk]))
             for off in range(chunk, len(data), chunk):
-                yield pb.BuildResponse(data=bytes(data[off:off + chunk]))
+                yield scatter_pb.BuildResponse(data=bytes(data[off:off + chunk]))
             if request.store:
                 # End the stream once the entry is in segcache (or the store failed), so that a
                 # caller who saw the stream end can rely on the next lookup.
@@ -241,8 +230,8 @@ class ScatterServicer(pb_grpc.ScatterServicer):
         finally:
             self._leave(fl)
 
-    async def Load(self, request: pb.LoadRequest, context) -> pb.LoadResponse:
-        return pb.LoadResponse(
+    async def Load(self, request: scatter_pb.LoadRequest, context) -> scatter_pb.LoadResponse:
+        return scatter_pb.LoadResponse(
             in_flight=len(self.pending),
             queued_tokens=float(sum(len(f.token_ids) for f in self.pending.values())),
             worker=self.worker, model_fingerprint=self.engine.fingerprint)

@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 
 from common.mesh import service
 from common.mesh.nixl_listen import restrict_nixl_to_host
-from protos.hypic.v1 import segcache_pb2_grpc
+from protos.hypic.v1 import segcache_pb2_grpc as segcache_grpc
 from services.segcache.access import writer_role_interceptor
 from services.segcache.config import ENV_PREFIX, SegcacheConfig
 from services.segcache.metrics import StoreCollector
@@ -75,7 +75,7 @@ class SegcacheService(service.Service):
     def register(self, server, port: int) -> None:
         servicer = SegcacheServicer(self.cfg, self.store, self.leases, self.executor)
         servicer.remote = self.remote
-        segcache_pb2_grpc.add_SegcacheServicer_to_server(servicer, server)
+        segcache_grpc.add_SegcacheServicer_to_server(servicer, server)
 
     async def started(self) -> None:
         self.reaper = asyncio.create_task(self._reap())

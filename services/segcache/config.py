@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from common.mesh.fields import field_help
 from common.mesh.config import ServiceConfig
 from common.mesh.auth import write_token_field
 from services.segcache.remote_tier import parse_remote_url
@@ -21,74 +22,71 @@ WILDCARDS = ("", "0.0.0.0", "::", "[::]")  # bind addresses that no peer can dia
 MiB = 1 << 20
 
 
-def _h(text: str) -> dict:
-    return {"help": text}
-
 
 @dataclass
 class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, log_json
     """The tiered segment cache (tier 0 device, tier 1 host DRAM, tier 2 LMDB)."""
 
     # --- network -------------------------------------------------------------------------
-    host: str = field(default="127.0.0.1", metadata=_h("address to bind"))
-    advertise_host: str = field(default="", metadata=_h(
+    host: str = field(default="127.0.0.1", metadata=field_help("address to bind"))
+    advertise_host: str = field(default="", metadata=field_help(
         "the address other segcaches reach this one at through the remote tier (Mooncake's "
         "local_hostname: a name or IP, e.g. the compose service name or the pod IP); empty = host, "
         "which must then not be a wildcard (0.0.0.0, ::) when the remote tier is on"))
-    port: int = field(default=50061, metadata=_h("gRPC port; 0 = ephemeral"))
+    port: int = field(default=50061, metadata=field_help("gRPC port; 0 = ephemeral"))
     port_file: Optional[Path] = field(
-        default=None, metadata=_h("write {port, metrics_port, pid} as JSON here once serving"))
-    max_message_bytes: int = field(default=8 * MiB, metadata=_h("largest gRPC message, each way"))
-    chunk_bytes: int = field(default=1 * MiB, metadata=_h("Get stream chunk size"))
-    max_key_bytes: int = field(default=256, metadata=_h("longest key (UTF-8 bytes)"))
-    max_lookup_keys: int = field(default=4096, metadata=_h("most keys in one Lookup/Delete/Pin"))
-    grace_s: float = field(default=5.0, metadata=_h("graceful-shutdown grace period"))
-    io_threads: int = field(default=4, metadata=_h("threads for LMDB and copies"))
-    upload_budget_bytes: int = field(default=0, metadata=_h(
+        default=None, metadata=field_help("write {port, metrics_port, pid} as JSON here once serving"))
+    max_message_bytes: int = field(default=8 * MiB, metadata=field_help("largest gRPC message, each way"))
+    chunk_bytes: int = field(default=1 * MiB, metadata=field_help("Get stream chunk size"))
+    max_key_bytes: int = field(default=256, metadata=field_help("longest key (UTF-8 bytes)"))
+    max_lookup_keys: int = field(default=4096, metadata=field_help("most keys in one Lookup/Delete/Pin"))
+    grace_s: float = field(default=5.0, metadata=field_help("graceful-shutdown grace period"))
+    io_threads: int = field(default=4, metadata=field_help("threads for LMDB and copies"))
+    upload_budget_bytes: int = field(default=0, metadata=field_help(
         "bytes the Puts in progress may reserve together (each its declared size, on its header); "
         "a Put beyond it is refused with RESOURCE_EXHAUSTED; 0 = the entry limit"))
-    upload_idle_timeout_s: float = field(default=30.0, metadata=_h(
+    upload_idle_timeout_s: float = field(default=30.0, metadata=field_help(
         "a Put that sends nothing for this long is ended (DEADLINE_EXCEEDED) and its memory freed"))
     # --- tiers ---------------------------------------------------------------------------
-    data_dir: Path = field(default=Path("segcache-data"), metadata=_h("LMDB directory"))
-    entry_key_file: Optional[Path] = field(default=None, metadata=_h(
+    data_dir: Path = field(default=Path("segcache-data"), metadata=field_help("LMDB directory"))
+    entry_key_file: Optional[Path] = field(default=None, metadata=field_help(
         "file holding the mesh's entry secret: when given, a Put must be a sealed entry that opens "
         "under it and whose header names its key (common/engine/pic/seal.py), else INVALID_ARGUMENT; "
         "none = entries are opaque bytes"))
-    device_bytes: int = field(default=0, metadata=_h("tier 0 budget (GPU memory); 0 = off; "
+    device_bytes: int = field(default=0, metadata=field_help("tier 0 budget (GPU memory); 0 = off; "
                                                       "used only when CUDA is available"))
-    device_index: int = field(default=0, metadata=_h("CUDA device of tier 0"))
-    host_bytes: int = field(default=4 * GiB, metadata=_h("tier 1 budget (host DRAM); 0 = off"))
-    disk_bytes: int = field(default=64 * GiB, metadata=_h("tier 2 budget (LMDB values)"))
-    max_entry_bytes: int = field(default=0, metadata=_h("largest entry; 0 = the smallest "
+    device_index: int = field(default=0, metadata=field_help("CUDA device of tier 0"))
+    host_bytes: int = field(default=4 * GiB, metadata=field_help("tier 1 budget (host DRAM); 0 = off"))
+    disk_bytes: int = field(default=64 * GiB, metadata=field_help("tier 2 budget (LMDB values)"))
+    max_entry_bytes: int = field(default=0, metadata=field_help("largest entry; 0 = the smallest "
                                                          "enabled host/disk budget"))
-    policy: str = field(default="gdsf", metadata=_h("eviction policy: gdsf | lru"))
+    policy: str = field(default="gdsf", metadata=field_help("eviction policy: gdsf | lru"))
     # --- persistence -----------------------------------------------------------------------
-    write_through: bool = field(default=True, metadata=_h(
+    write_through: bool = field(default=True, metadata=field_help(
         "acknowledge a Put only once it is committed to LMDB; --no-write-through acknowledges "
         "from memory and writes LMDB behind (an acknowledged entry can then be lost on a crash)"))
-    lmdb_sync: bool = field(default=True, metadata=_h("fsync each LMDB commit (power-loss "
+    lmdb_sync: bool = field(default=True, metadata=field_help("fsync each LMDB commit (power-loss "
                                                       "safety; a process crash is safe either way)"))
-    lmdb_map_bytes: int = field(default=0, metadata=_h("LMDB map size; 0 = derived from disk_bytes"))
+    lmdb_map_bytes: int = field(default=0, metadata=field_help("LMDB map size; 0 = derived from disk_bytes"))
     # --- NIXL ----------------------------------------------------------------------------
-    nixl: bool = field(default=True, metadata=_h("offer the NIXL path when nixl imports"))
-    nixl_backend: str = field(default="UCX", metadata=_h("NIXL backend"))
-    lease_ttl_s: float = field(default=30.0, metadata=_h("a NIXL lease ends by itself after this"))
+    nixl: bool = field(default=True, metadata=field_help("offer the NIXL path when nixl imports"))
+    nixl_backend: str = field(default="UCX", metadata=field_help("NIXL backend"))
+    lease_ttl_s: float = field(default=30.0, metadata=field_help("a NIXL lease ends by itself after this"))
 
     # --- authorisation (docs/security.md) ---------------------------------------------------
     write_token: Optional[str] = write_token_field(
         "Put/Delete/Pin need this in x-hypic-write-token unless the client certificate is a writer's")
-    writer_names: str = field(default="scatter,combine", metadata=_h(
+    writer_names: str = field(default="scatter,combine", metadata=field_help(
         "client certificate common names with the writer role (comma list; mutual TLS)"))
     # --- the shared remote tier (docs/segcache.md) ---------------------------------------
-    remote_url: str = field(default="", metadata=_h(
+    remote_url: str = field(default="", metadata=field_help(
         "shared remote tier below LMDB: mooncake://MASTER_HOST:RPC_PORT (Mooncake Store); "
         "empty = off"))
-    remote_queue_entries: int = field(default=256, metadata=_h(
+    remote_queue_entries: int = field(default=256, metadata=field_help(
         "write-behind queue to the remote tier; a full queue drops the write (counted)"))
-    remote_segment_bytes: int = field(default=256 * MiB, metadata=_h(
+    remote_segment_bytes: int = field(default=256 * MiB, metadata=field_help(
         "memory this segcache contributes to the Mooncake Store"))
-    remote_buffer_bytes: int = field(default=64 * MiB, metadata=_h(
+    remote_buffer_bytes: int = field(default=64 * MiB, metadata=field_help(
         "the Mooncake client's transfer buffer: every object put or got passes through it, so an "
         "entry larger than this (plus a small header) is never written to or read from the tier"))
 

@@ -155,3 +155,25 @@ def as_array(data: Any) -> np.ndarray:
     return np.frombuffer(bytes(memoryview(data).cast("B")), dtype=np.uint8)
 
 
+def check_key(key: Any, max_key_bytes: int) -> str:
+    """`key` when it is a non-empty string of at most max_key_bytes UTF-8 bytes without NUL;
+    InvalidRequest otherwise."""
+    if not isinstance(key, str) or not key:
+        raise InvalidRequest("key must be a non-empty string")
+    n = len(key.encode("utf-8"))
+    if n > max_key_bytes:
+        raise InvalidRequest(f"key is {n} bytes; the limit is {max_key_bytes}")
+    if "\x00" in key:
+        raise InvalidRequest("key must not contain NUL")
+    return key
+
+
+def check_entry_size(size: int, cfg: Any) -> None:
+    """InvalidRequest for an empty entry, EntryTooLarge above cfg.entry_limit (a SegcacheConfig)."""
+    if size <= 0:
+        raise InvalidRequest("entry size must be > 0")
+    limit = cfg.entry_limit
+    if size > limit:
+        raise EntryTooLarge(f"entry of {size} bytes exceeds the {limit}-byte limit "
+                            f"(host {cfg.host_bytes}, disk {cfg.disk_bytes}, "
+                            f"max_entry {cfg.max_entry_bytes or 'auto'})")

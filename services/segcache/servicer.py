@@ -17,23 +17,23 @@ from common.mesh.abort import Abort
 from common.mesh.checks import stream_chunk
 from common.mesh.guard import internal_details
 from common.mesh.nixl_util import NixlUnavailable
-from protos.hypic.v1 import segcache_pb2 as pb
-from protos.hypic.v1 import segcache_pb2_grpc as pb_grpc
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
+from protos.hypic.v1 import segcache_pb2_grpc as segcache_grpc
 from services.segcache import metrics as m
 from services.segcache.config import SegcacheConfig
 from services.segcache.nixl_agent import LeaseManager
 from services.segcache.uploads import UploadBudget, paced
 from services.segcache.claims import MAX_HOLDER_BYTES, MAX_LEASE_S, ClaimTable
 from services.segcache.remote_tier import MooncakeTier
-from services.segcache.store import EntryInfo, SegcacheError, SegmentStore
+from services.segcache.store import EntryInfo, SegcacheError, SegmentStore, check_entry_size, check_key
 
 log = structlog.get_logger("segcache.servicer")
 
 SERVICE_NAME = "hypic.v1.Segcache"
 
 
-def entry_pb(info: EntryInfo) -> pb.EntryInfo:
-    return pb.EntryInfo(key=info.key, tier=info.tier, size=info.size,
+def entry_pb(info: EntryInfo) -> segcache_pb.EntryInfo:
+    return segcache_pb.EntryInfo(key=info.key, tier=info.tier, size=info.size,
                         recompute_cost_s=info.recompute_cost_s, token_count=info.token_count,
                         model_fingerprint=info.model_fingerprint, checksum=info.checksum,
                         pinned=info.pinned)
@@ -43,7 +43,7 @@ def _status(exc: SegcacheError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, exc.code, grpc.StatusCode.INTERNAL)
 
 
-class SegcacheServicer(pb_grpc.SegcacheServicer):
+class SegcacheServicer(segcache_grpc.SegcacheServicer):
     remote: MooncakeTier | None = None  # the shared tier below LMDB (--remote-url), set by main
     def __init__(self, cfg: SegcacheConfig, store: SegmentStore, leases: LeaseManager,
                  executor: Executor):
@@ -69,7 +69,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
 
     def _key(self, key: str) -> str:
         try:
-            return self.store.validate_key(key)
+            return check_key(key, self.cfg.max_key_bytes)
         except SegcacheError as e:
             raise Abort(_status(e), str(e)) from None
 
@@ -115,7 +115,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         await context.abort(grpc.StatusCode.INTERNAL, internal_details())
 
     # ---- RPCs -------------------------------------------------------------------------------
-    async def Lookup(self, request: pb.LookupRequest, context) -> pb.LookupResponse:
+    async def Lookup(self, request: segcache_pb.LookupRequest, context) -> segcache_pb.LookupResponse:
         try:
             keys = self._keys(request.keys)
             infos = self.store.lookup(keys)
@@ -123,31 +123,31 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         except Exception as e:
             await self._fail(context, e)
         # In the shared tier only: a hit of unknown size (Get reads and promotes it).
-        infos = [pb.EntryInfo(key=k, tier=pb.TIER_REMOTE) if i is None and k in remote else i
+        infos = [segcache_pb.EntryInfo(key=k, tier=segcache_pb.TIER_REMOTE) if i is None and k in remote else i
                  for k, i in zip(keys, infos)]
-        return pb.LookupResponse(entries=[
-            i if isinstance(i, pb.EntryInfo) else entry_pb(i) if i is not None
-            else pb.EntryInfo(key=k, tier=pb.TIER_MISS) for k, i in zip(keys, infos)])
+        return segcache_pb.LookupResponse(entries=[
+            i if isinstance(i, segcache_pb.EntryInfo) else entry_pb(i) if i is not None
+            else segcache_pb.EntryInfo(key=k, tier=segcache_pb.TIER_MISS) for k, i in zip(keys, infos)])
 
-    def _check_header(self, header: pb.PutHeader) -> None:
+    def _check_header(self, header: segcache_pb.PutHeader) -> None:
         self._key(header.key)
         if header.size == 0:
             raise Abort.invalid("entry size must be > 0")
         if not (math.isfinite(header.recompute_cost_s) and header.recompute_cost_s >= 0):
             raise Abort.invalid("recompute_cost_s must be a finite number >= 0")
         try:
-            self.store.check_size(header.size)
+            check_entry_size(header.size, self.cfg)
         except SegcacheError as e:
             raise Abort(_status(e), str(e)) from None
 
     @staticmethod
-    async def _receive(header: pb.PutHeader, first: pb.PutRequest, rest: Any) -> np.ndarray:
+    async def _receive(header: segcache_pb.PutHeader, first: segcache_pb.PutRequest, rest: Any) -> np.ndarray:
         """The declared bytes of a Put: `first`'s data, then the rest of the stream."""
         # numpy, not bytearray: large numpy buffers are hugepage-advised, which
         # makes NIXL (UCX cma) reads of the host tier 2-3x faster.
         buf = np.empty(header.size, dtype=np.uint8)
         n = 0
-        msg: pb.PutRequest | None = first
+        msg: segcache_pb.PutRequest | None = first
         while msg is not None:
             data = msg.data
             if n + len(data) > len(buf):
@@ -161,7 +161,7 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             raise Abort.invalid(f"stream ended after {n} of {len(buf)} declared bytes")
         return buf
 
-    async def Put(self, request_iterator, context) -> pb.PutResponse:
+    async def Put(self, request_iterator, context) -> segcache_pb.PutResponse:
         try:
             messages = paced(request_iterator, self.cfg.upload_idle_timeout_s)
             first = await anext(messages, None)
@@ -187,9 +187,9 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
                                 token_count=header.token_count,
                                 model_fingerprint=header.model_fingerprint, digest=res.info.checksum)
         log.debug("put", key=header.key, size=header.size, created=res.created)
-        return pb.PutResponse(entry=entry_pb(res.info), created=res.created)
+        return segcache_pb.PutResponse(entry=entry_pb(res.info), created=res.created)
 
-    async def Get(self, request: pb.GetRequest, context):
+    async def Get(self, request: segcache_pb.GetRequest, context):
         try:
             key = self._key(request.key)
             got = await self._io(self.store.get, key)
@@ -209,45 +209,45 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
             if first:
                 entry = entry_pb(info)
                 if promoted:  # say where it came from (it lives locally from now on)
-                    entry.tier = pb.TIER_REMOTE
-                yield pb.GetResponse(entry=entry, data=data)
+                    entry.tier = segcache_pb.TIER_REMOTE
+                yield segcache_pb.GetResponse(entry=entry, data=data)
                 first = False
             else:
-                yield pb.GetResponse(data=data)
+                yield segcache_pb.GetResponse(data=data)
 
-    async def Delete(self, request: pb.DeleteRequest, context) -> pb.DeleteResponse:
+    async def Delete(self, request: segcache_pb.DeleteRequest, context) -> segcache_pb.DeleteResponse:
         try:
             n = await self._io(self.store.delete, self._keys(request.keys))
         except Exception as e:
             await self._fail(context, e)
-        return pb.DeleteResponse(deleted=n)
+        return segcache_pb.DeleteResponse(deleted=n)
 
-    async def Pin(self, request: pb.PinRequest, context) -> pb.PinResponse:
+    async def Pin(self, request: segcache_pb.PinRequest, context) -> segcache_pb.PinResponse:
         try:
             updated, missing = await self._io(self.store.pin, self._keys(request.keys), request.pinned)
         except Exception as e:
             await self._fail(context, e)
-        return pb.PinResponse(updated=updated, missing=missing)
+        return segcache_pb.PinResponse(updated=updated, missing=missing)
 
-    async def Stats(self, request: pb.StatsRequest, context) -> pb.StatsResponse:
+    async def Stats(self, request: segcache_pb.StatsRequest, context) -> segcache_pb.StatsResponse:
         s = self.store.stats()
-        tiers = [pb.TierStats(tier=t["tier"], enabled=t["enabled"], budget_bytes=t["budget_bytes"],
+        tiers = [segcache_pb.TierStats(tier=t["tier"], enabled=t["enabled"], budget_bytes=t["budget_bytes"],
                               bytes=t["bytes"], peak_bytes=t["peak_bytes"], entries=t["entries"],
                               hits=t["hits"], misses=t["misses"], evictions=t["evictions"],
                               promotions=t["promotions"]) for t in s["tiers"]]
-        return pb.StatsResponse(tiers=tiers, entries=s["entries"], pinned=s["pinned"],
+        return segcache_pb.StatsResponse(tiers=tiers, entries=s["entries"], pinned=s["pinned"],
                                 corrupt_dropped=s["corrupt_dropped"], policy=s["policy"],
                                 nixl_available=self.leases.available,
                                 nixl_reason=self.leases.reason,
                                 leases_active=self.leases.active)
 
-    async def NixlInfo(self, request: pb.NixlInfoRequest, context) -> pb.NixlInfoResponse:
+    async def NixlInfo(self, request: segcache_pb.NixlInfoRequest, context) -> segcache_pb.NixlInfoResponse:
         i = self.leases.info()
-        return pb.NixlInfoResponse(available=i["available"], reason=i["reason"],
+        return segcache_pb.NixlInfoResponse(available=i["available"], reason=i["reason"],
                                    agent_name=i["agent_name"], agent_metadata=i["metadata"],
                                    backend=i["backend"])
 
-    async def OpenNixlLease(self, request: pb.OpenNixlLeaseRequest, context) -> pb.OpenNixlLeaseResponse:
+    async def OpenNixlLease(self, request: segcache_pb.OpenNixlLeaseRequest, context) -> segcache_pb.OpenNixlLeaseResponse:
         try:
             key = self._key(request.key)
             if not self.leases.available:
@@ -261,18 +261,18 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
                 raise Abort(grpc.StatusCode.NOT_FOUND, f"not cached: {key}")
         except Exception as e:
             await self._fail(context, e)
-        return pb.OpenNixlLeaseResponse(
+        return segcache_pb.OpenNixlLeaseResponse(
             lease_id=lease.lease_id, entry=entry_pb(lease.info), agent_name=self.leases.agent.name,
             mem_type=lease.mem_type, ttl_s=self.leases.ttl_s,
             region_metadata=lease.region_metadata,
-            descriptors=[pb.NixlDescriptor(addr=a, length=n, device_id=d)
+            descriptors=[segcache_pb.NixlDescriptor(addr=a, length=n, device_id=d)
                          for a, n, d in lease.descriptors])
 
-    async def ReleaseNixlLease(self, request: pb.ReleaseNixlLeaseRequest, context) -> pb.ReleaseNixlLeaseResponse:
+    async def ReleaseNixlLease(self, request: segcache_pb.ReleaseNixlLeaseRequest, context) -> segcache_pb.ReleaseNixlLeaseResponse:
         released = await self._io(self.leases.release, request.lease_id)
-        return pb.ReleaseNixlLeaseResponse(released=released)
+        return segcache_pb.ReleaseNixlLeaseResponse(released=released)
 
-    async def Claim(self, request: pb.ClaimRequest, context) -> pb.ClaimResponse:
+    async def Claim(self, request: segcache_pb.ClaimRequest, context) -> segcache_pb.ClaimResponse:
         try:
             keys = self._keys(request.keys)
             holder = request.holder
@@ -286,6 +286,6 @@ class SegcacheServicer(pb_grpc.SegcacheServicer):
         self.claims.expire()
         results = [self.claims.claim(k, holder, request.lease_s, cached=i is not None)
                    for k, i in zip(keys, infos)]
-        return pb.ClaimResponse(results=[
-            pb.ClaimResult(key=r.key, granted=r.granted, cached=r.cached, holder=r.holder,
+        return segcache_pb.ClaimResponse(results=[
+            segcache_pb.ClaimResult(key=r.key, granted=r.granted, cached=r.cached, holder=r.holder,
                            expires_in_s=r.expires_in_s) for r in results])

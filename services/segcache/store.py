@@ -39,6 +39,7 @@ from services.segcache.policy import make_policy
 from services.segcache.records import (  # noqa: F401  (re-exported: the store's public names)
     TIER_DEVICE, TIER_DISK, TIER_HOST, TIER_MISS, TIER_NAMES, CacheFull, ChecksumMismatch, CorruptEntry, Entry,
     EntryInfo, EntryTooLarge, HostLease, InvalidRequest, PutResult, SegcacheError, TierState, as_array, checksum,
+    check_entry_size, check_key,
 )
 
 log = structlog.get_logger("segcache.store")
@@ -223,25 +224,6 @@ class SegmentStore(HostLeases):
         log.warning("corrupt entry dropped", key=e.key, reason=reason)
 
     # ---- validation -----------------------------------------------------------------------
-    def validate_key(self, key: Any) -> str:
-        if not isinstance(key, str) or not key:
-            raise InvalidRequest("key must be a non-empty string")
-        n = len(key.encode("utf-8"))
-        if n > self.cfg.max_key_bytes:
-            raise InvalidRequest(f"key is {n} bytes; the limit is {self.cfg.max_key_bytes}")
-        if "\x00" in key:
-            raise InvalidRequest("key must not contain NUL")
-        return key
-
-    def check_size(self, size: int) -> None:
-        if size <= 0:
-            raise InvalidRequest("entry size must be > 0")
-        limit = self.cfg.entry_limit
-        if size > limit:
-            raise EntryTooLarge(f"entry of {size} bytes exceeds the {limit}-byte limit "
-                                f"(host {self.cfg.host_bytes}, disk {self.cfg.disk_bytes}, "
-                                f"max_entry {self.cfg.max_entry_bytes or 'auto'})")
-
     # ---- API ------------------------------------------------------------------------------
     def _info(self, e: Entry) -> EntryInfo:
         if e.device is not None:
@@ -258,7 +240,7 @@ class SegmentStore(HostLeases):
             model_fingerprint: str = "", pin: bool = False, expected_checksum: bytes = b"") -> PutResult:
         """Store an entry. Idempotent: if key is cached, nothing is written and created=False.
         With write_through (default) the entry is committed to LMDB before this returns."""
-        self.validate_key(key)
+        check_key(key, self.cfg.max_key_bytes)
         if not (isinstance(recompute_cost_s, (int, float)) and math.isfinite(recompute_cost_s)
                 and recompute_cost_s >= 0):
             raise InvalidRequest("recompute_cost_s must be a finite number >= 0")
@@ -267,7 +249,7 @@ class SegmentStore(HostLeases):
         if len(model_fingerprint.encode()) > 1024:
             raise InvalidRequest("model_fingerprint longer than 1024 bytes")
         arr = as_array(data)
-        self.check_size(arr.nbytes)
+        check_entry_size(arr.nbytes, self.cfg)
         digest = checksum(arr)
         if expected_checksum and expected_checksum != digest:
             raise ChecksumMismatch("payload does not match the writer's checksum")
