@@ -7,7 +7,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 REQS    := requirements/base.txt requirements/constraints-cpu.txt pyproject.toml
-# fla's Triton kernels under the Triton interpreter (tests/test_fla_interpreter.py): a venv of
+# fla's Triton kernels under the Triton interpreter (tests/kernels/test_fla_interpreter.py): a venv of
 # its own, since fla must never be installed in .venv (see requirements/fla-interpreter.txt)
 FLA_VENV  ?= .venv-fla
 FLA_STAMP := $(FLA_VENV)/.installed

@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# The repository root, so that tests import our packages and tests.support.* by their full names
+# (never tests/ itself: tests/kernels would shadow kernels/).
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "tests"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
 # One thread: the tiny test models gain nothing from two, and the mesh tests run service
 # processes beside this one; oversubscribed cores made torch's parallel regions stall for
