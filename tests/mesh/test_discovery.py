@@ -1,4 +1,4 @@
-"""Discovery (issue 16): address targets, DNS member sets against a real DNS server on
+"""Discovery of peers by name: address targets, DNS member sets against a real DNS server on
 127.0.0.1 (tests/support/dns_server.py), and a mesh whose router finds its scatters and combine by
 name: a scatter added by a record receives builds, a removed or killed one leaves the plan,
 answers stay equal to the in-process engine, bad targets fail fast."""

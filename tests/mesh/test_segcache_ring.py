@@ -14,7 +14,7 @@ import pytest
 from common.mesh.segcache_client import SegcacheClient
 from common.mesh.segcache_ring import SegcacheRing, group_by_owner, owner, parse_addresses, weight
 from protos.hypic.v1 import segcache_pb2 as pb
-from tests.services.segcache.test_service import SegcacheProcess
+from tests.support.segcache_process import SegcacheProcess
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -21,7 +21,8 @@ import pytest
 import hypic
 from hypic import errors
 from hypic.launcher import Mesh, MeshError
-from tests.services.router.test_router import HungHttp2, closed_port, make_tiny_model
+from tests.support.peers import HungHttp2, closed_port
+from tests.support.tiny import make_tiny_model
 
 pytestmark = pytest.mark.timeout(180)
 

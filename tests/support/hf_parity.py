@@ -1,5 +1,5 @@
-"""The parity bars against transformers, shared by the per-architecture test files of the models added
-with #18: all-position prefill logits, a prefill continued chunk by chunk, and greedy decode steps with
+"""The parity bars against transformers, shared by the per-architecture test files
+(tests/engine/models/): all-position prefill logits, a prefill continued chunk by chunk, and greedy decode steps with
 identical tokens, every one within TOL (fp32) of transformers' own model on the same checkpoint; a
 cached state continued twice; a bf16 load."""
 from __future__ import annotations

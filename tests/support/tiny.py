@@ -93,7 +93,7 @@ PIC_CONFIGS["kimi_linear"] = dict(
     layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
     mlp_layer_types=["dense"] * 4,
 )
-# #18: Granite 4 (Mamba2 + NoPE attention, MoE), MiniMax (lightning), OLMo hybrid (GDN, beta in
+# The later architectures: Granite 4 (Mamba2 + NoPE attention, MoE), MiniMax (lightning), OLMo hybrid (GDN, beta in
 # (0, 2); RoPE here to exercise re-rotation), Ring / Ling 2.5 (KDA + MLA with interleaved RoPE).
 PIC_CONFIGS["granitemoehybrid"] = dict(
     vocab_size=512, hidden_size=64, intermediate_size=32, shared_intermediate_size=64, num_hidden_layers=4,
@@ -142,3 +142,24 @@ PIC_CONFIGS["zamba2"] = dict(
     layers_block_type=["mamba", "hybrid", "hybrid", "mamba", "hybrid"], use_shared_attention_adapter=True,
     adapter_rank=8, use_mem_rope=True, initializer_range=0.1,
 )
+
+
+# What the tiny tokenizer is trained on: the words the router and SDK tests send as text.
+TOKENIZER_CORPUS = ["alice likes tea . bob likes milk . carol likes juice .",
+                    "the quick brown fox jumps over the lazy dog ."]
+
+
+def make_tiny_model(out: Path) -> Path:
+    """A tiny random Qwen3.5 checkpoint with a small byte-level BPE tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    save_tiny("qwen3_5_text", out, **QWEN_BASE)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(TOKENIZER_CORPUS * 10, trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(out)
+    return out

@@ -1,4 +1,4 @@
-"""Builds nobody waits for stop, even while running (issue 14, item 7).
+"""Builds nobody waits for stop, even while running: abandoned work must not keep a worker busy.
 
 Unit: `build_entry(..., should_stop=...)` stops before the layer where should_stop first answers
 True (BuildCancelled, no entry), and is bit-identical to the plain build when it never fires.

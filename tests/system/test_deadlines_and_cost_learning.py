@@ -1,4 +1,4 @@
-"""Mesh-level properties that hand-made mutants showed unguarded (issue #20), on a real mesh
+"""Deadlines handed down and a cost model that learns, on a real mesh
 (segcache, one scatter worker, combine, router: processes on 127.0.0.1):
 
 - combine hands its caller's remaining time down: a scatter Build and a segcache call receive

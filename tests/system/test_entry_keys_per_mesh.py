@@ -1,5 +1,5 @@
-"""Every local mesh seals its entries with a key, and another mesh's key opens none of them
-(issue 14): hypic.launcher.Mesh gives every service the same entry key file; entries a mesh with
+"""Every local mesh seals its entries with a key, and another mesh's key opens none of them:
+hypic.launcher.Mesh gives every service the same entry key file; entries a mesh with
 key A left in segcache are, for a mesh with key B over the same LMDB, forgeries: dropped, rebuilt,
 never an answer. A service without a key says so in its log, once."""
 from __future__ import annotations

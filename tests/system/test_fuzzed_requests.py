@@ -1,4 +1,4 @@
-"""A bounded fuzz of the mesh (issue 14 item 9): a few hundred calls on every RPC of the four
+"""A bounded fuzz of the mesh: a few hundred calls on every RPC of the four
 services — random bytes, mutated valid messages, messages with hostile field values, garbage on
 the raw ports — each must end in a clean status (never UNKNOWN or INTERNAL, no exception text),
 every process must live, and the answer to a fixed request must be the same afterwards. The

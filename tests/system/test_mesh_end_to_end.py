@@ -1,4 +1,4 @@
-"""The mesh end to end (issue 6): real processes on 127.0.0.1 started by hypic.launcher.Mesh.
+"""The mesh end to end: real processes on 127.0.0.1 started by hypic.launcher.Mesh.
 
 Answers equal the in-process engine, LPT splits skewed cold segments, faults degrade gracefully,
 bad input gets clear status codes, and a load of concurrent clients completes."""

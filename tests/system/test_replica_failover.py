@@ -1,4 +1,4 @@
-"""Replicas of every service (issue 16): 2 routers, 2 combines, 3 scatters and 2 segcache
+"""Replicas of every service survive the loss of one of each kind: 2 routers, 2 combines, 3 scatters and 2 segcache
 instances (keys placed by rendezvous hashing) under a steady stream from 8 clients; one of each
 kind is killed with SIGKILL in turn (a dead segcache's keys become misses, rebuilt). Every answer is compared with a reference computed once per
 prompt by the in-process engine; failed requests and wrong answers are counted.

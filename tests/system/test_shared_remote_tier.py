@@ -1,4 +1,4 @@
-"""Two "boxes" sharing one Mooncake Store master (issue 15): box A (two segcache instances, each
+"""Two "boxes" sharing one Mooncake Store master: box A (two segcache instances, each
 its own LMDB, a scatter, a combine, a router) starts the master; box B (its own segcache, LMDB,
 scatter, combine and router) is given A's master URL. A request through A's router builds the
 segments; the same segments through B's router are hits read from the shared tier (Timings say

@@ -1,4 +1,4 @@
-"""Transport security and authorisation (issue 14, items 1 and 3), on real processes.
+"""Transport security (mutual TLS) and authorisation (roles, API key, write token), on real processes.
 
 A mesh started with mutual TLS (a throwaway CA from hypic/certs.py) and a router API key answers
 like the in-process engine and stores its entries (scatter's and combine's certificates carry
@@ -139,7 +139,7 @@ def test_router_refuses_plaintext_and_unknown_cas(mesh, api_key, tmp_path):
 
 def test_segcache_writes_need_the_writer_role(mesh, fresh_seed):
     from common.engine.pic.seal import load_secret, seal
-    from tests.services.segcache.test_untrusted_input import fake_entry, key_of
+    from tests.support.fake_entries import fake_entry, key_of
 
     # a Put must also be a sealed entry for its key (the mesh's entry key): the writer's one is
     g = random.Random(fresh_seed)

@@ -304,7 +304,7 @@ def test_overload_is_429_and_a_hung_router_504(template) -> None:
     front (--max-in-flight 1): the next one is refused with 429; the first ends at its deadline."""
     import threading
 
-    from tests.services.router.test_router import HungHttp2
+    from tests.support.peers import HungHttp2
 
     hung = HungHttp2()
     cfg = FrontConfig(router_addresses=hung.address, max_in_flight=1, request_timeout_s=3)

@@ -1,8 +1,9 @@
-"""The router gives back what a request reserved (issue #20): after a request whose combine
+"""The router gives back what a request reserved: after a request whose combine
 fails, the load its misses put on the scatter workers is gone (a leaked ticket would keep the
 workers looking busy, and a later request for the same keys would join builds nobody runs).
 
-Runs on test_router's mesh (a real segcache, router A whose combines all fail)."""
+Runs on the router tests' mesh (tests/support/router_mesh.py: a real segcache, router A whose
+combines all fail)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import time
 import urllib.request
 
 import grpc
+import pytest
 
 from protos.hypic.v1 import router_pb2 as pb
-from tests.services.router.test_router import call, mesh, seg  # noqa: F401  (mesh: the module fixture)
+from tests.support.router_mesh import call, seg
+
+pytestmark = pytest.mark.processes
 
 
 def worker_loads(svc) -> dict[str, float]:
@@ -23,7 +27,7 @@ def worker_loads(svc) -> dict[str, float]:
             for line in body.splitlines() if line.startswith("hypic_router_worker_load_seconds{")}
 
 
-def test_failed_request_gives_its_worker_load_back(mesh, fresh_seed) -> None:  # noqa: F811
+def test_failed_request_gives_its_worker_load_back(mesh, fresh_seed) -> None:
     g = random.Random(fresh_seed)
     segs = [[g.randrange(1, 500) for _ in range(n)] for n in (20, 9, 25)]  # max_prompt_tokens 64
     req = pb.GenerateRequest(segments=[seg(ids=s) for s in segs], query=seg(ids=[3, 4]), max_tokens=2)

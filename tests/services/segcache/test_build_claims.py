@@ -19,7 +19,7 @@ import hypic
 from common.mesh.segcache_client import SegcacheClient
 from hypic.launcher import Service
 from services.segcache.claims import ClaimTable
-from tests.services.segcache.test_service import SegcacheProcess
+from tests.support.segcache_process import SegcacheProcess
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
 pytestmark = pytest.mark.timeout(400)

@@ -23,7 +23,7 @@ from hypic.launcher import find_master_binary, mooncake_missing
 from protos.hypic.v1 import segcache_pb2 as pb
 from services.segcache.records import checksum
 from services.segcache.remote_tier import pack, parse_remote_url, unpack
-from tests.services.segcache.test_service import SegcacheProcess
+from tests.support.segcache_process import SegcacheProcess
 
 pytestmark = pytest.mark.timeout(300)
 MASTER = find_master_binary()

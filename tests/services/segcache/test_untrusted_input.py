@@ -1,39 +1,25 @@
-"""Issue 14 (trust) at segcache: sealed entries only, uploads within a memory budget, damaged
-LMDB records and files. A real segcache process on 127.0.0.1, real LMDB in tmp dirs.
-
-Entries here are built by hand (b"HYPE" | u32 header length | header JSON | payload): segcache
-reads only the header, and this module needs no torch model."""
+"""What segcache must not trust: it stores sealed entries only, keeps uploads within a memory
+budget, and survives damaged LMDB records and files. A real segcache process on 127.0.0.1, real
+LMDB in tmp dirs; entries built by hand (tests/support/fake_entries.py), so no torch model."""
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import struct
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 
-from common.engine.fingerprint import segment_key
 from common.engine.pic.seal import ForgedEntry, open_sealed, seal
 from common.mesh.segcache_client import SegcacheClient
 from protos.hypic.v1 import segcache_pb2 as pb
-from tests.services.segcache.test_service import arun, code_of, launch  # noqa: F401  (launch: a fixture)
+from tests.support.fake_entries import fake_entry, key_of
+from tests.support.segcache_process import arun, code_of
 
 pytestmark = pytest.mark.timeout(180)
 KiB, MiB = 1 << 10, 1 << 20
-FP = "ab" * 32
-
-
-def fake_entry(token_ids: list[int], payload: bytes, seam: int = 8) -> bytes:
-    header = json.dumps({"version": 1, "token_ids": token_ids, "seam": seam, "fingerprint": FP,
-                         "dtype": "float32", "layers": [], "checksum": ""}).encode()
-    return b"HYPE" + struct.pack("<I", len(header)) + header + payload
-
-
-def key_of(token_ids: list[int], seam: int = 8) -> str:
-    return segment_key(FP, seam, "float32", token_ids)
 
 
 # ---- sealed entries ----------------------------------------------------------------------------
@@ -129,7 +115,7 @@ BUDGET_MIB, ENTRY_MIB, N = 64, 16, 20
 # Over the RSS at start: the host tier (64 MiB) + uploads (64 MiB) + the messages grpc holds for
 # refused streams, and allocator slack.
 # (measured here from ~243 MiB at start: peaks ~400 MiB concurrent and ~480 MiB stalled, ~460 MiB
-# after; issue 14 measured 771 MiB, 807 MiB and 709 MiB kept before the budget)
+# after; without the upload budget 771 MiB, 807 MiB and 709 MiB were kept)
 PEAK_BOUND_MIB = 5 * BUDGET_MIB
 AFTER_BOUND_MIB = 5 * BUDGET_MIB
 
