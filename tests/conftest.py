@@ -1,4 +1,6 @@
+import contextlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,3 +27,44 @@ def fresh_seed(request) -> int:
     print(f"[seed] {request.node.nodeid}: HYPIC_TEST_SEED={seed}")
     return seed
 
+
+
+class ProcessStartedUnmarked(RuntimeError):
+    pass
+
+
+def _refuse_processes(item):
+    """Make starting an OS process fail in a test without the `processes` marker (setup, call and
+    teardown, so a module fixture that starts a mesh counts too): `make test-fast` selects
+    `-m "not processes"` and must start none."""
+    if item.get_closest_marker("processes") is not None:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    real_init, real_fork = subprocess.Popen.__init__, os.fork
+
+    def refuse(*args, **kwargs):
+        raise ProcessStartedUnmarked(f"{item.nodeid} starts an OS process: mark it "
+                                     "@pytest.mark.processes (see pyproject's markers)")
+    stack.callback(setattr, subprocess.Popen, "__init__", real_init)
+    stack.callback(setattr, os, "fork", real_fork)
+    subprocess.Popen.__init__ = refuse
+    os.fork = refuse
+    return stack
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _refuse_processes(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _refuse_processes(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    with _refuse_processes(item):
+        yield

@@ -19,6 +19,7 @@ def test_documents_are_long_enough_for_reuse_to_matter() -> None:
     assert len({q for q, _ in questions}) == 5  # five different questions
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_the_session_is_answered_right_cold_then_warm_in_both_modes(tmp_path) -> None:
     docs, questions = demo.session(3)

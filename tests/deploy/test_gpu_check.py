@@ -21,6 +21,7 @@ import gpu_check  # noqa: E402
 N_ROWS = 3 + 6 + 6  # engine per model family, six other checks, fla vs torch per kernel family
 
 
+@pytest.mark.processes
 def test_dry_run_prints_every_row_skipped(tmp_path):
     out = tmp_path / "rows.json"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--json", str(out)],

@@ -393,6 +393,7 @@ def test_services_talk_mutual_tls_and_only_workers_write(kustomization, objects)
     assert len(keys) == 1, f"one entry seal key for the mesh, not {keys}"
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl to render the kustomization")
 def test_kubectl_kustomize_renders_with_the_secrets_it_names(tmp_path) -> None:
     """The real renderer, on a copy with the secret files made as docs/deploy.md says: every

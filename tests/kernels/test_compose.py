@@ -263,6 +263,7 @@ _TRITON_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.processes
 def test_triton_compose_kernel_in_interpreter(fresh_seed):
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")

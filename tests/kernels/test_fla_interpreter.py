@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 FLA_VENV = Path(os.environ.get("HYPIC_FLA_VENV", ROOT / ".venv-fla"))
 FLA_PY = FLA_VENV / "bin" / "python"

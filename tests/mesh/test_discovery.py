@@ -278,6 +278,7 @@ def ask(client: hypic.Client, engine: HybridEngine, seed: int, lengths) -> list:
     return list(res.timings.trace)
 
 
+@pytest.mark.processes
 def test_router_follows_scatter_records(named_mesh, engine, fresh_seed) -> None:
     mesh, dns = named_mesh, named_mesh.dns
     router = dns.target("router.test", mesh.services["router"].port)   # the SDK by name too
@@ -319,6 +320,7 @@ def test_router_follows_scatter_records(named_mesh, engine, fresh_seed) -> None:
     print(f"scatter joined the plan {joined_s:.2f} s after its record")
 
 
+@pytest.mark.processes
 def test_combine_name_without_records_is_unavailable_fast(named_mesh, engine, fresh_seed) -> None:
     mesh, dns = named_mesh, named_mesh.dns
     with hypic.Client(mesh.services["router"].address, timeout=60) as c:
@@ -333,6 +335,7 @@ def test_combine_name_without_records_is_unavailable_fast(named_mesh, engine, fr
         ask(c, engine, fresh_seed, [30, 20])
 
 
+@pytest.mark.processes
 def test_router_with_a_malformed_target_exits_at_once(model) -> None:
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "services.router", "--model", str(model),

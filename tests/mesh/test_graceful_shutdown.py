@@ -106,6 +106,7 @@ async def lookup_ok(target: str) -> bool:
         return len(await sc.lookup(["k"], timeout=5)) == 1
 
 
+@pytest.mark.processes
 def test_sigterm_drains_then_exits_zero(launch, fresh_seed) -> None:
     if not nixl_ok():
         pytest.skip(f"nixl unavailable: {load_nixl()[1]}")
@@ -126,6 +127,7 @@ def test_sigterm_drains_then_exits_zero(launch, fresh_seed) -> None:
     assert '"event": "draining"' in srv.log() and '"event": "stopped"' in srv.log()
 
 
+@pytest.mark.processes
 def test_second_signal_cuts_the_drain_short(launch) -> None:
     srv = launch("--drain-s", "600", "--no-nixl")
     srv.proc.send_signal(signal.SIGTERM)
@@ -135,6 +137,7 @@ def test_second_signal_cuts_the_drain_short(launch) -> None:
     assert '"cut_short_by_signal": 2' in srv.log()
 
 
+@pytest.mark.processes
 def test_no_drain_by_default_and_repeated_nixl_sigterms_exit_zero(launch, fresh_seed) -> None:
     """Without --drain-s the stop is immediate; after NIXL reads, every SIGTERM exits 0 (the
     crash was intermittent: several rounds)."""
@@ -150,6 +153,7 @@ def test_no_drain_by_default_and_repeated_nixl_sigterms_exit_zero(launch, fresh_
         srv.port_file.unlink()
 
 
+@pytest.mark.processes
 def test_bad_drain_values_are_configuration_errors(tmp_path: Path) -> None:
     for bad in ("-1", "inf", "nan"):
         r = subprocess.run([sys.executable, "-m", "services.segcache", "--drain-s", bad,

@@ -86,6 +86,7 @@ def instances(tmp_path: Path):
         p.kill()
 
 
+@pytest.mark.processes
 def test_ring_places_each_key_on_its_owner_and_survives_a_dead_instance(instances, fresh_seed):
     rng = random.Random(fresh_seed)
     addrs = [p.target for p in instances]

@@ -44,6 +44,7 @@ def mesh(tmp_path_factory):
     assert m.exit_codes and all(c == 0 for c in m.exit_codes.values()), m.exit_codes  # clean SIGTERM exits
 
 
+@pytest.mark.processes
 def test_mesh_addresses_and_info(mesh) -> None:
     assert set(mesh.addresses) == {"segcache", "router"}
     assert mesh.healthy()
@@ -66,6 +67,7 @@ def test_client_side_validation_needs_no_server() -> None:
     c.close()
 
 
+@pytest.mark.processes
 def test_invalid_argument_sync_and_async(mesh) -> None:
     with hypic.Client(mesh.router_address, timeout=10) as c:
         with pytest.raises(errors.InvalidArgument) as ei:
@@ -91,6 +93,7 @@ def test_invalid_argument_sync_and_async(mesh) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.processes
 def test_deadline_exceeded_sync_and_async(mesh) -> None:
     t = time.monotonic()
     with hypic.Client(mesh.router_address) as c:
@@ -109,6 +112,7 @@ def test_deadline_exceeded_sync_and_async(mesh) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.processes
 def test_resource_exhausted(mesh) -> None:
     """The router takes one request at a time (--max-in-flight 1): a second one is refused
     while the first hangs; once the first is cancelled, requests are accepted again."""
@@ -143,6 +147,7 @@ def test_resource_exhausted(mesh) -> None:
     c.close()
 
 
+@pytest.mark.processes
 def test_unavailable_kill_and_restart(mesh) -> None:
     addr = mesh.router_address
     mesh.kill("router")
@@ -162,6 +167,7 @@ def test_unavailable_kill_and_restart(mesh) -> None:
         hypic.Client(f"127.0.0.1:{closed_port()}").wait_ready(0.5)
 
 
+@pytest.mark.processes
 def test_cli_generate_info_health(mesh, capsys) -> None:
     from hypic.cli import main
 
@@ -180,6 +186,7 @@ def test_cli_generate_info_health(mesh, capsys) -> None:
     assert "no model" in capsys.readouterr().err
 
 
+@pytest.mark.processes
 def test_mesh_reports_a_service_that_cannot_start(tmp_path) -> None:
     m = Mesh(tmp_path / "no-model", tmp_path / "data", n_scatter=0, n_combine=0,
              external_combine=["127.0.0.1:1"], segcache=False)
@@ -194,6 +201,7 @@ def test_mesh_reports_a_service_that_cannot_start(tmp_path) -> None:
     assert m.dead() == ["router"]
 
 
+@pytest.mark.processes
 def test_launcher_flags_match_service_configs(tmp_path) -> None:
     """Every flag Mesh starts a service with is a field of that service's config dataclass, and
     the config loads (catches renamed flags before a mesh is started)."""
@@ -223,6 +231,7 @@ def full_mesh(tmp_path_factory):
     assert m.exit_codes and all(c == 0 for c in m.exit_codes.values()), m.exit_codes  # clean SIGTERM exits
 
 
+@pytest.mark.processes
 def test_generate_end_to_end(full_mesh) -> None:
     """Cold request (misses built by scatter), then the same request warm (segcache hits): the
     same greedy tokens, streamed and not, sync and async; the first token carries logits."""
@@ -254,6 +263,7 @@ def test_generate_end_to_end(full_mesh) -> None:
     assert asyncio.run(run()) == warm.tokens
 
 
+@pytest.mark.processes
 def test_cancel_propagates_to_combine(full_mesh) -> None:
     """A client that stops reading and cancels ends the combine stream too: combine's in-flight
     count (Combine.Info) drops back to 0 long before its 4000 tokens would have been decoded."""

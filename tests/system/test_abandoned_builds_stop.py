@@ -106,6 +106,7 @@ def scatter_events(mesh, event: str) -> list[dict]:
     return out
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_abandoned_requests_stop_running_builds(model, engine, tmp_path, fresh_seed):
     g = random.Random(fresh_seed)
@@ -152,6 +153,7 @@ def log_events(mesh, name: str, event: str) -> list[dict]:
             if d.get("event") == event]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 def test_an_abandoned_request_stops_combines_local_build(model, engine, tmp_path, fresh_seed):
     """No scatter: combine builds the misses itself, on its engine thread; the running build

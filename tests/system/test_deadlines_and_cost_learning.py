@@ -29,7 +29,7 @@ from protos.hypic.v1 import router_pb2 as rpb
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
 SEAM = 8
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.processes]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from tests.support.tiny import PIC_CONFIGS, save_tiny
 REPO = Path(__file__).resolve().parents[2]
 SEAM = 8
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.processes]
 
 
 @pytest.fixture(scope="module")

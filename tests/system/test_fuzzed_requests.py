@@ -28,7 +28,7 @@ from hypic.launcher import DEFAULT_MODEL, Mesh
 from protos.hypic.v1 import combine_pb2, router_pb2, scatter_pb2, segcache_pb2
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.processes]
 SEAM = 8
 CALL_TIMEOUT_S = 5.0
 CLEAN = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,

@@ -21,7 +21,7 @@ from tests.support.tiny import PIC_CONFIGS, save_tiny
 IDLE_WINDOW_S = 4.0
 MAX_IDLE_CORE_FRACTION = 0.10  # a busy loop is ~1.0; grpc/asyncio timers are ~0.00x
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.timeout(400), pytest.mark.processes]
 
 
 def cpu_seconds(pid: int) -> float:

@@ -22,6 +22,8 @@ from protos.hypic.v1 import router_pb2 as pb
 from protos.hypic.v1 import router_pb2_grpc as pb_grpc
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
+pytestmark = pytest.mark.processes
+
 SEAM = 8
 
 

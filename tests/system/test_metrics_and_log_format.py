@@ -31,7 +31,7 @@ from bench.quality.tasks import eval_prompt
 from common.mesh.log import adopt_library_loggers, setup_logging
 from hypic.launcher import Mesh
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "hypic-tiny-qwen35"

@@ -22,7 +22,7 @@ from common.engine.hybrid_engine import HybridEngine
 from hypic.launcher import Mesh, Service
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow, pytest.mark.processes]
 SEAM = 8
 CLIENTS = 8
 

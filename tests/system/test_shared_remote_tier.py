@@ -23,7 +23,7 @@ from hypic.cli import main as cli_main
 from hypic.launcher import Mesh, mooncake_missing
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.processes]
 SEAM = 8
 
 

@@ -89,6 +89,7 @@ def random_entry(seed: int) -> tuple[str, bytes]:
 
 # ---- the secured mesh answers -----------------------------------------------------------------
 
+@pytest.mark.processes
 def test_mtls_mesh_answers_like_the_engine_and_stores_entries(mesh, model, api_key, fresh_seed):
     g = random.Random(fresh_seed)
     segs = [[g.randrange(1, 500) for _ in range(n)] for n in (37, 12, 50)]
@@ -106,6 +107,7 @@ def test_mtls_mesh_answers_like_the_engine_and_stores_entries(mesh, model, api_k
     assert warm.timings.hits == len(segs) and warm.timings.misses == 0
 
 
+@pytest.mark.processes
 def test_router_needs_the_api_key_but_health_does_not(mesh, api_key):
     creds = mesh.client_credentials
     with creds.open(mesh.router_address, [], aio=False) as ch:
@@ -123,6 +125,7 @@ def test_router_needs_the_api_key_but_health_does_not(mesh, api_key):
             c.info()
 
 
+@pytest.mark.processes
 def test_router_refuses_plaintext_and_unknown_cas(mesh, api_key, tmp_path):
     other = generate_mesh_certs(tmp_path / "other-ca", names=["client"])
     md = [("authorization", f"Bearer {api_key}")]
@@ -137,6 +140,7 @@ def test_router_refuses_plaintext_and_unknown_cas(mesh, api_key, tmp_path):
 
 # ---- segcache: reads for the mesh, writes for the writer role --------------------------------------
 
+@pytest.mark.processes
 def test_segcache_writes_need_the_writer_role(mesh, fresh_seed):
     from common.engine.pic.seal import load_secret, seal
     from tests.support.fake_entries import fake_entry, key_of
@@ -189,6 +193,7 @@ def token_segcache(tmp_path):
         svc.stop(10)
 
 
+@pytest.mark.processes
 def test_write_token_without_tls(token_segcache, fresh_seed):
     svc, token = token_segcache
     key, data = random_entry(fresh_seed)
@@ -211,6 +216,7 @@ def test_write_token_without_tls(token_segcache, fresh_seed):
     assert token not in svc.log()  # the start-up config line redacts it
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("bad", [["--tls-cert", "none.pem", "--tls-key", "none.key"],
                                  ["--write-token", "@none.token"]])
 def test_unreadable_certificate_or_secret_fails_the_start_cleanly(tmp_path, bad):
@@ -262,6 +268,7 @@ def test_listening_sockets_sees_a_loopback_listener():
         assert ("127.0.0.1", s.getsockname()[1]) in listening_sockets(os.getpid())
 
 
+@pytest.mark.processes
 def test_nothing_listens_beyond_loopback(mesh):
     for name, svc in mesh.services.items():
         socks = listening_sockets(svc.pid)

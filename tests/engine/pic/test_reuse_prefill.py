@@ -176,6 +176,7 @@ def test_fused_build_equals_the_reference_build(engine, fresh_seed, length, seam
             assert (a[k] - b[k]).abs().max() <= 1e-5 * max(1.0, b[k].abs().max()), k
 
 
+@pytest.mark.processes
 def test_entry_is_identical_in_another_process(tmp_path):
     """Build the same entry in two fresh processes: byte-identical (hence cacheable anywhere)."""
     path = save_tiny("qwen3_5_text", tmp_path / "m", seed=3, **PIC_CONFIGS["qwen3_5_text"])

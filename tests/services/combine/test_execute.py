@@ -255,28 +255,3 @@ def test_combine_composes_arrived_runs_equal_to_segment_major(mesh, engine, mode
         assert sum(runs) == n and all(r >= 1 for r in runs)
         assert executed_line(seg_worker, rid + "-ref")["compose_runs"] == [1] * n
     assert seg_worker.terminate() == 0
-
-
-def test_compose_order_config(monkeypatch, capsys):
-    from common.mesh.config import ConfigError, load_config
-    from services.combine.__main__ import main
-    from services.combine.config import ENV_PREFIX, CombineConfig
-
-    model = ["--model", "some-model-dir"]
-
-    def load(argv=(), **env) -> CombineConfig:
-        return load_config(CombineConfig, [*model, *argv], env=env, env_prefix=ENV_PREFIX)
-
-    assert load().compose_order == "auto"
-    assert load(HYPIC_COMBINE_COMPOSE_ORDER="segment").compose_order == "segment"
-    assert load(["--compose-order", "auto"], HYPIC_COMBINE_COMPOSE_ORDER="segment").compose_order == "auto"
-    with pytest.raises(ConfigError, match=r"HYPIC_COMBINE_COMPOSE_ORDER.*\('auto', 'segment'\), not 'layer'"):
-        load(HYPIC_COMBINE_COMPOSE_ORDER="layer")
-    # the worker refuses to start (before loading any model) and says why
-    monkeypatch.setenv("HYPIC_COMBINE_COMPOSE_ORDER", "Segment")
-    assert main(model) == 2
-    err = capsys.readouterr().err
-    assert "configuration error" in err and "compose_order" in err and "'Segment'" in err
-
-
-# A scatter worker killed mid-stream: it sends the header and half the bytes, then exits.

@@ -31,6 +31,7 @@ from tests.support.worker_mesh import (SEAM, SECRET, arun, assert_matches, execu
 pytestmark = [pytest.mark.timeout(240), pytest.mark.processes]
 
 
+# A scatter worker killed mid-stream: it sends the header and half the bytes, then exits.
 DYING_SCATTER = r"""
 import asyncio, json, os, sys
 import grpc

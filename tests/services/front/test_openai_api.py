@@ -73,12 +73,14 @@ def sdk_text(sdk, docs, query, max_tokens=1, **kw) -> str:
 
 # ---- the openai client, answers equal the SDK's ----------------------------------------------------
 
+@pytest.mark.processes
 def test_models_and_health(mesh, api) -> None:
     models = api.models.list()
     assert [m.id for m in models.data] == [MODEL]
     assert httpx.get(mesh.front_url + "/health").status_code == 200
 
 
+@pytest.mark.processes
 def test_chat_each_message_a_segment(api, sdk) -> None:
     docs, questions = session(0)
     right = 0
@@ -95,6 +97,7 @@ def test_chat_each_message_a_segment(api, sdk) -> None:
     assert right >= 2, "the bundled model answers retrieval through the chat template"
 
 
+@pytest.mark.processes
 def test_chat_content_parts_and_system_messages(api, sdk, template) -> None:
     docs, [(question, _)] = session(1, 1)
     bare = [d.removeprefix("<doc> ") for d in docs]  # the template adds "<doc> "
@@ -107,6 +110,7 @@ def test_chat_content_parts_and_system_messages(api, sdk, template) -> None:
     assert r.choices[0].message.content == sdk_text(sdk, docs, prompt.query, 2)
 
 
+@pytest.mark.processes
 def test_explicit_segments_on_both_endpoints(api, sdk) -> None:
     docs, [(question, _)] = session(2, 1)
     query = f"<q> {question} <a>"
@@ -124,6 +128,7 @@ def test_explicit_segments_on_both_endpoints(api, sdk) -> None:
     assert full.usage.prompt_tokens_details.cached_tokens == 0
 
 
+@pytest.mark.processes
 def test_completions_separator_splits_segments(api, sdk, template) -> None:
     docs, [(question, _)] = session(3, 1)
     query = f"<q> {question} <a>"
@@ -134,6 +139,7 @@ def test_completions_separator_splits_segments(api, sdk, template) -> None:
     assert r.choices[0].text == sdk_text(sdk, docs, query, 2)
 
 
+@pytest.mark.processes
 def test_streaming_sync_chat_and_async_completions(mesh, api, sdk) -> None:
     docs, [(question, _)] = session(4, 1)
     query = f"<q> {question} <a>"
@@ -166,6 +172,7 @@ def test_streaming_sync_chat_and_async_completions(mesh, api, sdk) -> None:
     assert streamed == whole == want
 
 
+@pytest.mark.processes
 def test_raw_sse_ends_with_done(mesh) -> None:
     docs, [(question, _)] = session(4, 1)
     body = {"model": MODEL, "prompt": question, "max_tokens": 2, "temperature": 0,
@@ -177,6 +184,7 @@ def test_raw_sse_ends_with_done(mesh) -> None:
     assert all(ln.startswith("data: ") for ln in lines) and lines[-1] == "data: [DONE]"
 
 
+@pytest.mark.processes
 def test_second_request_in_another_order_reports_cached_tokens(api) -> None:
     docs, [(question, _)] = session(5, 1)
     first = api.chat.completions.create(
@@ -195,6 +203,7 @@ def test_second_request_in_another_order_reports_cached_tokens(api) -> None:
     assert second.usage.prompt_tokens == first.usage.prompt_tokens
 
 
+@pytest.mark.processes
 def test_sampling_seed_top_p_and_stop(api, sdk) -> None:
     docs, [(question, _)] = session(6, 1)
     query = f"<q> {question} <a>"
@@ -238,6 +247,7 @@ def _error(r: httpx.Response, status: int) -> dict:
     return err
 
 
+@pytest.mark.processes
 def test_error_statuses_and_shape(mesh) -> None:
     docs, [(question, _)] = session(0, 1)
     ok = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 1}
@@ -266,6 +276,7 @@ def test_error_statuses_and_shape(mesh) -> None:
     _error(httpx.get(mesh.front_url + "/v1/nothing-here"), 404)
 
 
+@pytest.mark.processes
 def test_metrics_vllm_names_with_model_label(mesh, api) -> None:
     api.completions.create(model=MODEL, prompt="<q> find x <a>", max_tokens=2, temperature=0,
                            extra_body={"hypic": {"segments": session(0)[0]}})
@@ -282,6 +293,7 @@ def test_metrics_vllm_names_with_model_label(mesh, api) -> None:
 
 # ---- in-process app: API key, no router ---------------------------------------------------------------
 
+@pytest.mark.processes
 def test_api_key_from_env_gives_401_without_the_token(mesh, template) -> None:
     cfg = load_config(FrontConfig, ["--router-addresses", mesh.router_address],
                       env={ENV_PREFIX + "API_KEY": "sekret"}, env_prefix=ENV_PREFIX)
@@ -299,6 +311,7 @@ def test_api_key_from_env_gives_401_without_the_token(mesh, template) -> None:
         assert right.models.list().data[0].id == MODEL
 
 
+@pytest.mark.processes
 def test_overload_is_429_and_a_hung_router_504(template) -> None:
     """A router that accepts the connection and never answers keeps a request in flight at the
     front (--max-in-flight 1): the next one is refused with 429; the first ends at its deadline."""
@@ -369,6 +382,7 @@ def test_single_message_is_cached_as_one_segment(template) -> None:
     assert p.segments == [ids[:-1]] and p.query == [ids[-1]]
 
 
+@pytest.mark.processes
 def test_readme_quick_start_examples_answer(mesh, api) -> None:
     """The README's curl body and openai example, sent as written, answer the document's fact."""
     import json
@@ -388,6 +402,7 @@ def test_readme_quick_start_examples_answer(mesh, api) -> None:
     assert out and out[0][0].strip() == "lopo"
 
 
+@pytest.mark.processes
 def test_bench_serve_against_the_running_front_and_router(mesh, tmp_path) -> None:
     """`bench.serve --base-url` / `--address` replay a JSONL trace against the running mesh:
     every request answers, the repeated documents report cached tokens both ways."""
@@ -417,6 +432,7 @@ def test_bench_serve_against_the_running_front_and_router(mesh, tmp_path) -> Non
         serve.main(["--base-url", mesh.front_url, "--trace", str(trace), "--out", str(tmp_path)])
 
 
+@pytest.mark.processes
 def test_front_process_port_file_and_clean_sigterm(tmp_path) -> None:
     """python -m services.front writes its port file once serving, and on SIGTERM logs (JSON
     lines) and exits 0, like every other service."""

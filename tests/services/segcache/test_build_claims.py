@@ -54,6 +54,7 @@ def test_claim_table_first_claimer_wins_until_put_or_expiry():
     assert table.expire() == 1 and len(table) == 0
 
 
+@pytest.mark.processes
 def test_claim_rpc_on_a_real_segcache(tmp_path: Path, fresh_seed):
     rng = random.Random(fresh_seed)
     seg = SegcacheProcess(tmp_path, [], "claims").start()
@@ -143,6 +144,7 @@ def two_routers(tmp_path_factory):
             s.stop(grace_s=5)
 
 
+@pytest.mark.processes
 def test_two_routers_missing_the_same_segments_build_each_once(two_routers, fresh_seed):
     rng = random.Random(fresh_seed)
     docs = [[rng.randrange(1, 500) for _ in range(rng.randrange(200, 400))] for _ in range(6)]

@@ -149,6 +149,7 @@ async def _until(pred, timeout: float = 20.0, step: float = 0.1):
     raise AssertionError("condition not met in time")
 
 
+@pytest.mark.processes
 def test_entry_put_through_a_is_a_hit_through_b_and_corrupt_bytes_are_a_miss(boxes, fresh_seed):
     master, a, b = boxes
     rng = random.Random(fresh_seed)
@@ -192,6 +193,7 @@ def test_entry_put_through_a_is_a_hit_through_b_and_corrupt_bytes_are_a_miss(box
     asyncio.run(run())
 
 
+@pytest.mark.processes
 def test_master_killed_mid_load_fails_no_call(boxes, fresh_seed):
     master, a, b = boxes
     rng = random.Random(fresh_seed)
@@ -235,6 +237,7 @@ def test_master_killed_mid_load_fails_no_call(boxes, fresh_seed):
     asyncio.run(run())
 
 
+@pytest.mark.processes
 def test_malformed_remote_url_exits_2(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPIC_SEGCACHE_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
@@ -259,6 +262,7 @@ def test_advertise_host_defaults_to_host_and_a_wildcard_needs_one(tmp_path: Path
             SegcacheConfig(data_dir=tmp_path, remote_url=url, advertise_host=wildcard)
 
 
+@pytest.mark.processes
 def test_wildcard_host_with_remote_tier_and_no_advertise_host_exits_2(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYPIC_SEGCACHE_")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
@@ -268,6 +272,7 @@ def test_wildcard_host_with_remote_tier_and_no_advertise_host_exits_2(tmp_path: 
     assert r.returncode == 2 and b"advertise_host" in r.stderr
 
 
+@pytest.mark.processes
 def test_advertised_name_is_the_segment_peers_reach(tmp_path: Path, fresh_seed):
     """A segcache advertising `localhost` mounts its Mooncake segment under that name, and an
     entry put through it is read through another segcache."""

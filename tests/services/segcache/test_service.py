@@ -23,7 +23,7 @@ from tests.support.segcache_process import arun, code_of
 
 KiB, MiB = 1 << 10, 1 << 20
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 
 def blob(n: int, seed: int) -> bytes:

@@ -51,6 +51,7 @@ def test_seal_binds_header_payload_and_key(fresh_seed: int) -> None:
             pytest.fail(name)
 
 
+@pytest.mark.processes
 def test_segcache_with_a_secret_stores_only_sealed_entries_for_their_key(launch, tmp_path: Path,
                                                                          fresh_seed: int) -> None:
     secret = os.urandom(16).hex().encode()
@@ -120,6 +121,7 @@ PEAK_BOUND_MIB = 5 * BUDGET_MIB
 AFTER_BOUND_MIB = 5 * BUDGET_MIB
 
 
+@pytest.mark.processes
 def test_puts_stay_within_the_upload_budget(launch, fresh_seed: int) -> None:
     srv = launch("--no-nixl", "--no-lmdb-sync", "--host-bytes", f"{BUDGET_MIB}MiB", "--disk-bytes",
                  "1GiB", "--upload-budget-bytes", f"{BUDGET_MIB}MiB", "--upload-idle-timeout-s", "2")
@@ -287,6 +289,7 @@ def test_a_store_whose_pages_are_zeroed_is_moved_aside_and_opens_empty(tmp_path:
     assert len(aside) == 1 and (aside[0] / "data.mdb").read_bytes() == bytes(raw)  # kept as it was
 
 
+@pytest.mark.processes
 def test_a_truncated_data_file_is_one_log_line_and_an_empty_store(launch, tmp_path: Path) -> None:
     """SIGBUS before: LMDB mapped a file shorter than its meta page says."""
     srv = launch("--no-nixl", "--no-lmdb-sync")
