@@ -13,7 +13,7 @@ FLA_VENV  ?= .venv-fla
 FLA_STAMP := $(FLA_VENV)/.installed
 FLA_REQS  := requirements/fla-interpreter.txt requirements/constraints-cpu.txt
 
-.PHONY: demo test venv fla-venv gpu-check clean mutate compose-check
+.PHONY: demo test test-fast venv fla-venv gpu-check clean mutate compose-check
 
 venv: $(STAMP)
 
@@ -42,6 +42,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	-$(MAKE) --no-print-directory fla-venv
 	$(VPY) -m pytest -q tests
+
+# The quick loop while changing one module: every test that starts no OS process and is not slow
+# (markers in pyproject.toml); under 3 minutes on 2 cores. `make test` (CI) still runs everything.
+test-fast: $(STAMP)
+	$(VPY) -m pytest -q -m "not processes and not slow" tests
 
 # On a machine with NVIDIA GPUs: installs .venv-gpu (CUDA torch, fla, nixl), prints one table
 # (docs/gpu.md). `python scripts/gpu_check.py --dry-run` shows the table's rows without a GPU.

@@ -106,6 +106,7 @@ def test_readme_is_generated_from_the_json():
     assert (MODEL / "README.md").read_text() == render(MODEL, DEFAULT_RESULTS)
 
 
+@pytest.mark.slow  # every task's first prompts through the bundled model: minutes on 2 cores
 @pytest.mark.timeout(900)
 def test_replay_matches_published(published, one_thread):
     from bench.quality import eval as E
