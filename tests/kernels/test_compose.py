@@ -381,6 +381,7 @@ def test_rope_rerotation(family, rope, fresh_seed):
     assert rel(rerotate(s2.S, R), s2r.S) <= 1e-6
 
 
+@pytest.mark.processes  # triton runs ptxas
 def test_triton_compose_kernel_compiles_for_sm90():
     """The interpreter does not catch everything a GPU compile does: build the three forms for an
     H100/H200 target (no GPU needed; ptxas ships with triton) at a realistic head size."""
