@@ -7,6 +7,9 @@ from bench.entry_bytes import REAL_CONFIGS, build_meta_model, entry_table, layer
 from common.engine.hybrid_engine import HybridEngine
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
+# An entry built on every architecture, and the published configs on the meta device: ~1 min.
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("model_type", sorted(PIC_CONFIGS))
 def test_counted_bytes_equal_a_real_entry(model_type, tmp_path, fresh_seed):

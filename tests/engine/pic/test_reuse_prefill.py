@@ -194,6 +194,7 @@ def test_entry_is_identical_in_another_process(tmp_path):
     assert len(outs) == 1
 
 
+@pytest.mark.slow  # a full fidelity report per architecture: the longest in-process test
 def test_fidelity_report_hypic_beats_additive(engine, fresh_seed):
     """KL(full || mode) and top-1 agreement on 8-segment prompts; hypic beats the additive ablation."""
     rows = {}
