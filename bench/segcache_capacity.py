@@ -41,7 +41,7 @@ FRACTIONS = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 
 class SimTier:
     """One instance's host tier, run as SegmentStore runs it when its LMDB holds every entry
-    (tests/test_segcache_capacity.py replays random traces through both): a new key is put with
+    (tests/bench/test_segcache_capacity.py replays random traces through both): a new key is put with
     frequency 1; every later read counts one more hit (GDSF frequency = hits + 1, kept while the
     entry is only on disk); a read of a key not in the host tier promotes it from disk; an insert
     evicts victims until the new entry fits, then adds it; an entry over the budget stays on

@@ -177,9 +177,8 @@ def _bf16_ok(err: float, baseline: float) -> bool:
 
 
 def _tiny(tmp: Path, family: str) -> Path:
-    """A tiny random checkpoint of the model that uses `family` (configs as in tests/)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny import save_tiny
+    """A tiny random checkpoint of the model that uses `family` (configs as in tests/support/tiny.py)."""
+    from tests.support.tiny import save_tiny
 
     base = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                 num_attention_heads=4, initializer_range=0.1)

@@ -8,6 +8,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -31,6 +33,7 @@ def test_every_mutant_applies_exactly_once() -> None:
                 assert (REPO / t.split("::")[0]).exists(), (m.name, t)
 
 
+@pytest.mark.processes  # runs scripts/mutate.py on a scratch tree, pytest included
 def test_a_patch_that_does_not_apply_is_an_error(tmp_path: Path) -> None:
     mutate = load_mutate()
     (tmp_path / "a.py").write_text("x = 1\n")

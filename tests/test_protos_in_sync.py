@@ -19,6 +19,7 @@ def _load_generator():
     return mod
 
 
+@pytest.mark.processes  # runs protos/generate.py
 def test_generated_code_in_sync(tmp_path: Path) -> None:
     gen = _load_generator()
     assert gen.proto_files(), "no .proto files found under protos/"

@@ -18,7 +18,7 @@ Segment entries are built once per prompt and seam width and reused: hypic w=0 a
 the same entries (both have no seam). Deterministic: no sampling, fixed prompts; the numbers do
 not depend on --workers.
 Writes quality.json (accuracies, every prompt's correctness per mode, and the first prompts'
-predictions with their logit margins, which tests/test_quality.py replays), quality.md and
+predictions with their logit margins, which tests/bench/test_quality_replay.py replays), quality.md and
 quality.png.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m bench.quality.readme [--model models/hypic-tiny-qwen35] [--results bench/quality/results]
 
 Every number in the README comes from `training_log.json` (written by bench.quality.train) and
-`quality.json` (written by bench.quality.eval); nothing is typed by hand. tests/test_quality.py
+`quality.json` (written by bench.quality.eval); nothing is typed by hand. tests/bench/test_quality_replay.py
 checks that the committed README equals what this script renders.
 """
 from __future__ import annotations

@@ -13,8 +13,8 @@ import pytest
 
 from common.mesh.segcache_client import SegcacheClient
 from common.mesh.segcache_ring import SegcacheRing, owner
-from protos.hypic.v1 import segcache_pb2 as pb
-from tests.test_segcache_service import SegcacheProcess
+from protos.hypic.v1 import segcache_pb2 as segcache_pb
+from tests.support.segcache_process import SegcacheProcess
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(180)]
 
@@ -46,11 +46,11 @@ def test_lookup_skips_a_failed_member_until_it_recovers(members, fresh_seed) -> 
             sick.kill()
             # The first lookup finds the member down: a miss, and the member leaves placement.
             [info] = await ring.lookup([key], timeout=2.0)
-            assert info.tier == pb.TIER_MISS and sick.target not in ring.healthy()
+            assert info.tier == segcache_pb.TIER_MISS and sick.target not in ring.healthy()
             await ring.put(key, data, token_count=1)  # re-homed to the healthy member
             for _ in range(3):  # later requests find it there: a hit each time, not a rebuild
                 entries, asked, failed = await ring.lookup_reporting([key], timeout=2.0)
-                assert entries[0].tier != pb.TIER_MISS
+                assert entries[0].tier != segcache_pb.TIER_MISS
                 assert asked == [members[0].target] and failed == []
             assert bytes(await ring.get(key)) == data
 
@@ -70,6 +70,6 @@ def test_lookup_skips_a_failed_member_until_it_recovers(members, fresh_seed) -> 
                     break
                 await asyncio.sleep(0.25)
             assert asked == [sick.target] and failed == []
-            assert entries[0].tier == pb.TIER_MISS
+            assert entries[0].tier == segcache_pb.TIER_MISS
 
     asyncio.run(run())

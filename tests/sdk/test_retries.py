@@ -13,7 +13,8 @@ import pytest
 import hypic
 from hypic import errors
 from hypic.launcher import Mesh
-from tests.test_router import HungHttp2, make_tiny_model
+from tests.support.peers import HungHttp2
+from tests.support.tiny import make_tiny_model
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 

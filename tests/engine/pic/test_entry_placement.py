@@ -21,7 +21,7 @@ from common.engine.hybrid_engine import HybridEngine
 from common.engine.pic.entry import AttentionBody, LinearBody, SegmentEntry
 from common.engine.pic.placement import SUMMARY_DTYPE, entry_placement, place_entry, place_for_engine
 from common.engine.pic.reuse import compose_and_query, compose_run, without_arenas
-from tiny import PIC_CONFIGS, save_tiny
+from tests.support.tiny import PIC_CONFIGS, save_tiny
 
 MODEL_DTYPE = torch.bfloat16  # differs from the summaries' fp32, so a mixed-up placement shows
 

@@ -13,7 +13,7 @@ import pytest
 
 from common.mesh.segcache_ring import SegcacheRing
 from services.router.claims import claim_misses
-from tests.test_segcache_service import SegcacheProcess
+from tests.support.segcache_process import SegcacheProcess
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 

@@ -15,7 +15,7 @@ from common.engine.fingerprint import model_fingerprint
 from hypic.launcher import Service
 from services.router.planner import Job, Planner
 from services.router.pools import ScatterPool
-from tests.tiny import QWEN_BASE, save_tiny
+from tests.support.tiny import QWEN_BASE, save_tiny
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 

@@ -1,0 +1,34 @@
+"""bench.entry_bytes (the cache-size table of docs/models.md) counts exactly the bytes that real
+entries hold: on a tiny checkpoint of every served architecture, its per-segment linear bytes plus
+per-token attention bytes equal SegmentEntry.nbytes() of an entry built by the engine."""
+import pytest
+
+from bench.entry_bytes import REAL_CONFIGS, build_meta_model, entry_table, layer_sizes
+from common.engine.hybrid_engine import HybridEngine
+from tests.support.tiny import PIC_CONFIGS, save_tiny
+
+# An entry built on every architecture, and the published configs on the meta device: ~1 min.
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("model_type", sorted(PIC_CONFIGS))
+def test_counted_bytes_equal_a_real_entry(model_type, tmp_path, fresh_seed):
+    path = save_tiny(model_type, tmp_path / model_type, seed=fresh_seed % 1000, **PIC_CONFIGS[model_type])
+    eng = HybridEngine.from_pretrained(path)  # fp32: 4-byte keys, values and conv tails
+    n = 40 + fresh_seed % 30
+    entry = eng.build_entry([(7 * i + fresh_seed) % eng.vocab_size for i in range(n)], seam=8)
+    s = layer_sizes(build_meta_model(model_type, PIC_CONFIGS[model_type]), dtype_bytes=4)
+    assert s["n_linear"] + s["n_attn"] == sum(b is not None for b in entry.layers)
+    assert s["linear_per_segment"] + s["attn_per_token"] * entry.body_len == entry.nbytes()
+
+
+def test_table_covers_the_published_configs():
+    rows = {r["model"]: r for r in entry_table(1000, names=["Qwen3-Next-80B-A3B", "MiniMax-Text-01"])}
+    qn = rows["Qwen3-Next-80B-A3B"]
+    # 36 GDN layers x (T + S: 32 heads x 128 x 128 fp32 each + conv tail 3 x 8192 bf16), 12 attention
+    # layers x 1000 tokens x 2 (k, v) x 2 heads x 256 bf16
+    assert qn["linear_per_segment"] == 36 * (2 * 32 * 128 * 128 * 4 + 3 * 8192 * 2)
+    assert qn["attn_kv"] == 12 * 1000 * 2 * 2 * 256 * 2
+    mm = rows["MiniMax-Text-01"]  # scalar T per head, no conv
+    assert mm["linear_per_segment"] == 70 * (64 * 4 + 64 * 128 * 128 * 4)
+    assert set(REAL_CONFIGS) >= set(rows)

@@ -1,0 +1,119 @@
+"""scripts/gpu_check.py without a GPU: the table's plumbing, and the tiny checkpoints it builds.
+
+The GPU rows themselves only run on a machine with NVIDIA GPUs (`make gpu-check`, docs/gpu.md);
+here every one of them must be reported as skipped, with the reason, and nothing may fail.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_check  # noqa: E402
+
+N_ROWS = 3 + 6 + 6  # engine per model family, six other checks, fla vs torch per kernel family
+
+
+@pytest.mark.processes
+def test_dry_run_prints_every_row_skipped(tmp_path):
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--dry-run", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == N_ROWS
+    assert {r["status"] for r in rows} == {"skip"}
+    assert all("dry run" in r["detail"] for r in rows)
+    for r in rows:  # one table line per row, with its reason
+        assert any(line.startswith(r["check"]) and "skip" in line for line in proc.stdout.splitlines())
+
+
+def test_without_cuda_each_row_says_what_is_missing():
+    """Probing for real on this CPU machine: CUDA is missing (and fla, which must not be in .venv)."""
+    rows = gpu_check.run_rows(dry_run=False)
+    assert len(rows) == N_ROWS and {r.status for r in rows} == {"skip"}
+    assert all("no CUDA device" in r.detail for r in rows)
+    fla_rows = [r for r in rows if r.check.startswith("fla path")]
+    assert len(fla_rows) == 6 and all("fla" in r.detail.split("cuda:")[-1] for r in fla_rows)
+    assert "fla" not in sys.modules
+
+
+def test_budget_skips_rows_that_would_start_late(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu_check, "probe", lambda dry: {k: None for k in ("cuda", "fla", "triton", "nixl", "model")})
+    monkeypatch.setattr(gpu_check, "plan", lambda tmp: [
+        ("first", ("cuda",), lambda: calls.append(1) or ("ok", "1", "")),
+        ("broken", ("cuda",), lambda: 1 / 0),
+        ("late", ("cuda",), lambda: calls.append(2) or ("ok", "2", "")),
+    ])
+    rows = gpu_check.run_rows(dry_run=False, budget_s=-1.0)
+    assert [r.status for r in rows] == ["skip"] * 3 and not calls
+    rows = gpu_check.run_rows(dry_run=False, budget_s=600)
+    assert [r.status for r in rows] == ["ok", "FAIL", "ok"] and "ZeroDivisionError" in rows[1].detail
+    assert "FAIL" in gpu_check.table(rows)
+
+
+@pytest.mark.parametrize("family, kinds", [("gated_deltanet", "GatedDeltaNet"), ("kda", "KimiDeltaAttention"),
+                                           ("mamba2", "Mamba2Mixer")])
+def test_tiny_checkpoints_load_and_use_the_family(family, kinds, tmp_path):
+    from common.engine.hybrid_engine import HybridEngine
+
+    eng = HybridEngine.from_pretrained(gpu_check._tiny(tmp_path, family))
+    mixers = [type(layer.mixer).__name__ for layer in eng.model.layers if layer.kind == "linear"]
+    assert mixers and all(m == kinds for m in mixers)
+    out = eng.prefill(list(range(3, 40)), return_all_logits=True)
+    assert torch.isfinite(out.all_logits).all()
+
+
+def test_wheel_list_is_pinned_and_names_what_the_gpu_path_imports():
+    pins = gpu_check.pinned_wheels()
+    names = {p.split("==")[0] for p in pins}
+    assert {"flash-linear-attention", "fla-core", "lmdb", "structlog", "fastapi", "uvicorn"} <= names
+    assert not names & {"torch", "triton", "transformers", "numpy", "grpcio"}  # the machine's own
+
+
+def test_unpinned_wheel_line_is_refused(tmp_path):
+    reqs = tmp_path / "r.txt"
+    reqs.write_text("# comment\nlmdb==3.0.0\nstructlog\n")
+    with pytest.raises(ValueError, match="structlog"):
+        gpu_check.pinned_wheels(reqs)
+
+
+def _wheel(folder: Path, name: str, version: str, body: str) -> Path:
+    """A minimal pure-python wheel (a zip of the import tree and its dist-info)."""
+    import zipfile
+
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{name}/__init__.py", body)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return path
+
+
+@pytest.mark.processes
+def test_wheels_install_offline_into_a_target_and_import_from_it(tmp_path):
+    """The bare-machine install: --no-index from the folder into --target, then importable there."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels.mkdir()
+    _wheel(wheels, "hypic_probe_pkg", "1.2.3", "ANSWER = 42\n")
+    reqs = tmp_path / "reqs.txt"
+    reqs.write_text("hypic_probe_pkg==1.2.3\n")
+    assert gpu_check.install_wheels(wheels, site, reqs) == site
+    out = subprocess.run([sys.executable, "-c", "import hypic_probe_pkg as m; print(m.ANSWER, m.__file__)"],
+                         env={"PYTHONPATH": str(site)}, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split()[0] == "42" and str(site) in out.stdout
+    unpacked = tmp_path / "unpacked"  # the path without pip
+    gpu_check.unpack_wheels(wheels, unpacked, ["hypic_probe_pkg==1.2.3"])
+    assert (unpacked / "hypic_probe_pkg" / "__init__.py").read_text() == "ANSWER = 42\n"
+    with pytest.raises(FileNotFoundError, match="make gpu-wheels"):
+        gpu_check.install_wheels(tmp_path / "none", site, reqs)
