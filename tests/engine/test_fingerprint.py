@@ -10,10 +10,11 @@ from common.engine.fingerprint import segment_key
 
 def test_segment_key_is_stable_and_covers_every_field() -> None:
     """Keys are content addresses kept in LMDB across versions: a change of the function would
-    orphan every cached entry, so its value is pinned; and each input must change the key."""
+    orphan every cached entry, so its value is pinned (it moves only with the key space's version,
+    on purpose, when what an entry holds changes); and each input must change the key."""
     fp, ids = "f" * 64, [3, 1, 4, 1, 5, 9, 2, 6]
     key = segment_key(fp, 8, "float32", ids)
-    assert key == "814f60edc9f7b1f04864d5d004fd8603187e4d09"
+    assert key == "4a20ec398ddc2179c3c294f98e18044c43a3342e"  # v2 (hypic-seg-v2: MLA latents)
     variants = [segment_key("e" + fp[1:], 8, "float32", ids), segment_key(fp, 0, "float32", ids),
                 segment_key(fp, 8, "bfloat16", ids), segment_key(fp, 8, "float32", ids[:-1]),
                 segment_key(fp, 8, "float32", ids[::-1]), segment_key(fp, 8, "float32", ids + [0])]
@@ -34,4 +35,4 @@ def test_segment_key_separates_every_input_and_is_stable(fresh_seed) -> None:
     keys = [segment_key(*v) for v in variants]
     assert len(set(keys)) == len(keys), keys
     assert segment_key(*base) == keys[0]
-    assert segment_key("fp-golden", 8, "float32", [1, 2, 3, 500]) == "bbf3a66d1344e99cbc6e6e7cf2b4c76289b83ca3"
+    assert segment_key("fp-golden", 8, "float32", [1, 2, 3, 500]) == "9732e68c511c8fb7aa5f5535bbfb464162734442"

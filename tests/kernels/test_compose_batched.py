@@ -74,6 +74,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.processes  # the interpreter runs in a child process (TRITON_INTERPRET is read at import)
 def test_run_kernel_in_interpreter(fresh_seed):
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
