@@ -9,7 +9,7 @@
     hypic generate --address HOST:PORT --segment TEXT [--segment-ids 1,2,3 ...] --query TEXT
         stream one generation to stdout (timings on stderr).
     hypic info --address HOST:PORT
-    hypic health HOST:PORT [--service NAME]
+    hypic health HOST:PORT [--service NAME] [--http]
     hypic certs --out DIR
         a throwaway CA and one certificate per role (`hypic up --tls` makes its own).
 generate, info and health take --tls-ca/--tls-cert/--tls-key (and --api-key) for a secured mesh.
@@ -92,7 +92,13 @@ def _mesh(args: argparse.Namespace, model: Path, extra: dict[str, list[str]]) ->
                 threads=args.threads, extra_args=extra, start_timeout_s=args.start_timeout,
                 front=not args.no_front, front_port=args.front_port,
                 tls=args.tls, env={"HYPIC_ROUTER_API_KEY": args.api_key} if args.api_key else None,
-                entry_key_file=args.entry_key_file)
+                entry_key_file=args.entry_key_file, on_ready=_print_ready)
+
+
+def _print_ready(name: str, svc: Any, seconds: float) -> None:
+    """`hypic up`'s progress: one line per service as it becomes ready."""
+    print(f"  {name:<10} ready at {svc.address} (pid {svc.pid}) after {seconds:.1f} s",
+          file=sys.stderr, flush=True)
 
 
 def _run_up(args: argparse.Namespace, mesh: Any) -> int:
@@ -108,8 +114,6 @@ def _run_up(args: argparse.Namespace, mesh: Any) -> int:
         except MeshError as e:
             print(f"hypic up: {e}", file=sys.stderr)
             return 1
-        for name, addr in mesh.addresses.items():
-            print(f"  {name:<10} {addr}  pid {mesh[name].pid}", file=sys.stderr)
         metrics = {n: mesh[n].info.get("metrics_port") for n in mesh.services}
         if any(metrics.values()):
             print("hypic up: Prometheus metrics at " + ", ".join(
@@ -208,7 +212,9 @@ def cmd_health(args: argparse.Namespace) -> int:
 
     tls = [a for name in ("ca", "cert", "key") if getattr(args, f"tls_{name}")
            for a in (f"--tls-{name}", getattr(args, f"tls_{name}"))]
-    return health_main([args.address, "--service", args.service, "--timeout", str(args.timeout), *tls])
+    http = ["--http"] if args.http else []
+    return health_main([args.address, "--service", args.service, "--timeout", str(args.timeout),
+                        *http, *tls])
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
@@ -329,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("address")
     health.add_argument("--service", default="")
     health.add_argument("--timeout", type=float, default=2.0)
+    health.add_argument("--http", action="store_true",
+                        help="an HTTP service (the OpenAI front): GET /health")
     _add_credential_flags(health, api_key=False)
     health.set_defaults(func=cmd_health)
 

@@ -38,11 +38,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from hypic.client import Credentials
 from hypic.processes import (MASTER_BINARY, REPO_ROOT, MeshError, MooncakeMaster, Service,  # noqa: F401
-                             check_remote_url, find_master_binary, free_port, mooncake_missing)
+                             check_remote_url, find_master_binary, free_port, mooncake_missing,
+                             port_taken)
 
 DEFAULT_MODEL = REPO_ROOT / "models" / "hypic-tiny-qwen35"
 DEFAULT_DATA_DIR = Path(".hypic-data")
@@ -67,7 +68,8 @@ class Mesh:
                  tls: bool = False, n_segcache: int = 1,
                  segcache_ports: Sequence[int] | None = None, remote_tier: bool = False,
                  remote_url: str = "", master_port: int = 0,
-                 entry_key_file: str | os.PathLike[str] | None = None):
+                 entry_key_file: str | os.PathLike[str] | None = None,
+                 on_ready: Callable[[str, Service, float], None] | None = None):
         """model: checkpoint directory (default: the bundled models/hypic-tiny-qwen35).
         n_scatter / n_combine: worker counts (n_scatter 0: misses are built on combine).
         segcache=False: no cache service. n_segcache: segcache instances (the first is named
@@ -85,7 +87,9 @@ class Mesh:
         tls: mutual TLS everywhere, with a throwaway CA made in data_dir/tls (hypic/certs.py);
         `client_credentials` is then what an SDK client needs (the "client" certificate).
         entry_key_file: the entry seal key of every service (default: made once in
-        data_dir/entry.key); a mesh never runs without one."""
+        data_dir/entry.key); a mesh never runs without one.
+        on_ready(name, service, seconds since start): called as each service becomes ready
+        (`hypic up` prints its progress with it)."""
         # Absolute paths: the children may run elsewhere than the caller's working directory.
         self.model = (Path(model) if model is not None else DEFAULT_MODEL).absolute()
         self.data_dir = Path(data_dir).absolute()
@@ -125,6 +129,8 @@ class Mesh:
         self.exit_codes: dict[str, int | None] = {}
         self._lock = threading.Lock()
         self._started = False
+        self.on_ready = on_ready
+        self._t0 = time.monotonic()
 
     def _set_tiers(self, segcache: bool, n_segcache: int, remote_tier: bool, remote_url: str) -> None:
         """The cache tiers: segcache instances, and a shared remote tier started (remote_tier) or
@@ -285,6 +291,7 @@ class Mesh:
             return self
         if not (self.model / "config.json").exists():
             raise MeshError(f"no model at {self.model} (config.json missing); pass another model")
+        self._check_ports()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.tls and self.certs is None:
             from hypic.certs import generate_mesh_certs  # cryptography: only when asked for
@@ -292,6 +299,7 @@ class Mesh:
             self.certs = generate_mesh_certs(self.data_dir / "tls")
         self._started = True
         atexit.register(self.stop)
+        self._t0 = time.monotonic()
         try:
             deadline = time.monotonic() + self.start_timeout_s
             if self.use_master:
@@ -310,23 +318,37 @@ class Mesh:
                 self.services[svc.name] = svc
                 svc.start()
             for svc in workers:
-                svc.wait_ready(deadline)
+                self._wait_ready(svc, deadline)
             router = self._service("router", "router", self.service_args(
                 "router", segcache=seg_addr, scatter=self.scatter_addresses,
                 combine=self.combine_addresses))
             self.services["router"] = router
             router.start()
-            router.wait_ready(deadline)
+            self._wait_ready(router, deadline)
             if self.use_front:
                 front = self._service("front", "front", self.service_args(
                     "front", router=router.address))
                 self.services["front"] = front
                 front.start()
-                front.wait_ready(deadline)
+                self._wait_ready(front, deadline)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _check_ports(self) -> None:
+        """MeshError naming every fixed port that something already listens on, before any
+        process starts (else the services before it would start and the one on it fail late)."""
+        taken = [f"{name} port {port}" for name, port in self._ports.items()
+                 if port and name in self.names and port_taken(self.host, port)]
+        if taken:
+            raise MeshError(f"already in use on {self.host}: {', '.join(taken)} "
+                            "(stop what holds it, or pick another port; 0 = ephemeral)")
+
+    def _wait_ready(self, svc: Service, deadline: float) -> None:
+        svc.wait_ready(deadline)
+        if self.on_ready is not None:
+            self.on_ready(svc.name, svc, time.monotonic() - self._t0)
 
     def _start_master(self, deadline: float) -> None:
         binary = find_master_binary(self.python)
@@ -339,7 +361,7 @@ class Mesh:
             die_with_parent=self.die_with_parent, binary=binary)
         self.services["mooncake"] = master
         master.start()
-        master.wait_ready(deadline)
+        self._wait_ready(master, deadline)
 
     def _start_segcaches(self, deadline: float) -> str:
         """Start the segcache instances (in parallel); their addresses, comma-separated."""
@@ -354,7 +376,7 @@ class Mesh:
             svc.start()
             started.append(svc)
         for svc in started:
-            svc.wait_ready(deadline)
+            self._wait_ready(svc, deadline)
         return self.segcache_address
 
     def stop(self) -> None:
@@ -377,6 +399,8 @@ class Mesh:
                         svc.signal(signal.SIGKILL)
                         code = svc.wait(10)
                     self.exit_codes[n] = code
+                    if code is not None:
+                        svc.port_file.unlink(missing_ok=True)  # a clean stop leaves no stale file
             self._started = False
             atexit.unregister(self.stop)
 

@@ -120,8 +120,7 @@ class Service:
         while True:
             if self.proc is None or self.proc.poll() is not None:
                 code = None if self.proc is None else self.proc.returncode
-                raise MeshError(f"{self.name} exited with status {code} while starting; "
-                                f"log {self.log_path}:\n{self.log_tail()}")
+                raise MeshError(self.failure(f"exited with status {code} while starting"))
             if self.port_file.exists():
                 try:
                     self.info = json.loads(self.port_file.read_text())
@@ -132,8 +131,7 @@ class Service:
                     if self.answers():
                         return
             if time.monotonic() > deadline:
-                raise MeshError(f"{self.name} not healthy in time; log {self.log_path}:\n"
-                                f"{self.log_tail()}")
+                raise MeshError(self.failure("not healthy in time"))
             time.sleep(0.05)
 
     def answers(self, timeout: float = 1.0) -> bool:
@@ -168,6 +166,15 @@ class Service:
             code = self.wait(10)
         return code
 
+    def failure(self, what: str, n: int = 15) -> str:
+        """One line saying why (`what`, and the log's last line: usually the exception), then
+        the log's last n lines: what `hypic up` prints when a service does not start."""
+        tail = self.log_tail(n)
+        last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
+        return (f"{self.name} {what}" + (f": {last}" if last else "")
+                + f"\n  last lines of {self.log_path}:\n" + "\n".join(
+                    "    " + ln for ln in tail.splitlines()))
+
     def log_tail(self, n: int = 40) -> str:
         if not self.log_path.exists():
             return ""
@@ -183,6 +190,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether something listens on host:port now. SO_REUSEADDR, as servers bind, so a port
+    left in TIME_WAIT by a stopped service does not count as taken."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def find_master_binary(python: str = sys.executable) -> str | None:
@@ -238,11 +257,9 @@ class MooncakeMaster(Service):
         while not self.answers():
             if self.proc is None or self.proc.poll() is not None:
                 code = None if self.proc is None else self.proc.returncode
-                raise MeshError(f"{self.name} exited with status {code} while starting; "
-                                f"log {self.log_path}:\n{self.log_tail()}")
+                raise MeshError(self.failure(f"exited with status {code} while starting"))
             if time.monotonic() > deadline:
-                raise MeshError(f"{self.name} not listening in time; log {self.log_path}:\n"
-                                f"{self.log_tail()}")
+                raise MeshError(self.failure("not listening in time"))
             time.sleep(0.05)
         self.info = {"port": self.port, "metrics_port": self.metrics_port, "pid": self.pid}
 

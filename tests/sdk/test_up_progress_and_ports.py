@@ -1,0 +1,104 @@
+"""`hypic up` / hypic.launcher.Mesh as an operator meets them: a taken port fails at once before
+anything starts, each service is reported as it becomes ready, a service that cannot start is
+reported with a one-line reason and its log's last lines, a clean stop leaves no port files,
+and `hypic health --http` probes the front as `python -m hypic.healthcheck --http` does."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import pytest
+
+from hypic.launcher import Mesh, MeshError
+from tests.support.peers import BlackHole, HungHttp2, closed_port
+from tests.support.tiny import make_tiny_model
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_taken_port_fails_fast_before_anything_starts(tmp_path) -> None:
+    make_tiny_model(tmp_path / "model")
+    holder = BlackHole()  # something listening on the router's port
+    port = int(holder.address.rsplit(":", 1)[1])
+    try:
+        m = Mesh(tmp_path / "model", tmp_path / "data", n_scatter=1, router_port=port)
+        t0 = time.monotonic()
+        with pytest.raises(MeshError, match=rf"router port {port}"):
+            m.start()
+        assert time.monotonic() - t0 < 2.0
+        assert m.services == {}  # nothing was started
+    finally:
+        holder.close()
+
+
+def test_free_fixed_port_is_not_reported_taken(tmp_path) -> None:
+    from hypic.processes import port_taken
+
+    holder = BlackHole()
+    try:
+        assert port_taken("127.0.0.1", int(holder.address.rsplit(":", 1)[1]))
+    finally:
+        holder.close()
+    assert not port_taken("127.0.0.1", closed_port())
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_cli_health_http_like_the_healthcheck_module(capsys) -> None:
+    from hypic.cli import main
+    from hypic.healthcheck import main as health_main
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        assert main(["health", address, "--http"]) == 0
+        assert health_main([address, "--http"]) == 0
+        assert "SERVING" in capsys.readouterr().out
+        assert main(["health", f"127.0.0.1:{closed_port()}", "--http", "--timeout", "0.5"]) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.processes
+def test_progress_per_service_and_no_port_files_after_a_clean_stop(tmp_path) -> None:
+    model = make_tiny_model(tmp_path / "model")
+    hung = HungHttp2()
+    ready: list[tuple[str, float]] = []
+    m = Mesh(model, tmp_path / "data", n_scatter=0, n_combine=0, external_combine=[hung.address],
+             extra_args={"segcache": ["--no-nixl"]}, start_timeout_s=120,
+             on_ready=lambda name, svc, s: ready.append((name, s)))
+    try:
+        with m:
+            assert [n for n, _ in ready] == ["segcache", "router"]
+            assert ready[0][1] <= ready[1][1]
+            assert sorted(p.name for p in m.run_dir.glob("*.port.json")) == \
+                ["router.port.json", "segcache.port.json"]
+    finally:
+        hung.close()
+    assert m.exit_codes == {"router": 0, "segcache": 0}
+    assert list(m.run_dir.glob("*.port.json")) == []
+
+
+@pytest.mark.processes
+def test_failure_says_why_in_one_line_then_the_log_tail(tmp_path) -> None:
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text("{}")  # no vocab_size: the router exits
+    m = Mesh(tmp_path / "bad", tmp_path / "data", n_scatter=0, n_combine=0,
+             external_combine=["127.0.0.1:1"], segcache=False, start_timeout_s=60)
+    with pytest.raises(MeshError) as exc:
+        m.start()
+    first, *rest = str(exc.value).splitlines()
+    assert first.startswith("router exited with status 1 while starting: ")
+    assert len(first) > len("router exited with status 1 while starting: ")
+    assert "last lines of" in rest[0] and 1 < len(rest) <= 16
