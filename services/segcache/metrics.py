@@ -24,7 +24,7 @@ class StoreCollector(Collector):
         s = self.store.stats()
         fams = {
             "hits": CounterMetricFamily("hypic_segcache_hits", "Reads answered by a tier", labels=["tier"]),
-            "misses": CounterMetricFamily("hypic_segcache_misses", "Reads a tier could not answer", labels=["tier"]),
+            "misses": CounterMetricFamily("hypic_segcache_misses", "Lookups and reads a tier could not answer (a key no tier holds misses every tier)", labels=["tier"]),
             "evictions": CounterMetricFamily("hypic_segcache_evictions", "Entries evicted from a tier", labels=["tier"]),
             "promotions": CounterMetricFamily("hypic_segcache_promotions", "Entries promoted into a tier", labels=["tier"]),
             "bytes": GaugeMetricFamily("hypic_segcache_bytes", "Bytes held by a tier", labels=["tier"]),

@@ -288,6 +288,7 @@ class SegmentStore(HostLeases):
                 e = self._entries.get(k)
                 if e is None:
                     self.lookup_misses += 1
+                    self._count_read(TIER_MISS)  # no tier holds it: a miss of every tier
                     out.append(None)
                 else:
                     info = self._info(e)
