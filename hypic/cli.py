@@ -103,9 +103,13 @@ def _print_ready(name: str, svc: Any, seconds: float) -> None:
 
 def _run_up(args: argparse.Namespace, mesh: Any) -> int:
     from hypic.launcher import MeshError
+    from hypic.model_card import model_card
 
     old = signal.signal(signal.SIGTERM, _raise_stop)
     try:
+        note = model_card(mesh.model).get("description")
+        if note:
+            print(f"hypic up: model {mesh.model.name}: {note}", file=sys.stderr, flush=True)
         print(f"hypic up: starting {', '.join(mesh.names)} (logs in {mesh.log_dir})",
               file=sys.stderr, flush=True)
         t0 = time.monotonic()

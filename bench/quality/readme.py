@@ -1,7 +1,10 @@
 """Write models/hypic-tiny-qwen35/README.md from the training log and the eval JSON.
 
     python -m bench.quality.readme [--model models/hypic-tiny-qwen35] [--results bench/quality/results]
+    python -m bench.quality.readme --check     # exit 1 when the committed files differ
 
+Also writes the model's `hypic_model.json` (hypic/model_card.py): the one line `hypic up` and the
+front's /v1/models show, saying what the model is for and how to serve a real checkpoint.
 Every number in the README comes from `training_log.json` (written by bench.quality.train) and
 `quality.json` (written by bench.quality.eval); nothing is typed by hand. tests/bench/test_quality_replay.py
 checks that the committed README equals what this script renders.
@@ -16,6 +19,7 @@ from pathlib import Path
 from bench import results_json
 from bench.quality import eval as E
 from bench.quality import tasks as T
+from hypic.model_card import CARD_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
@@ -95,17 +99,42 @@ def _docs(level: tuple, which: int = 0) -> str:
     return f"{lo}-{hi}"
 
 
+# The architectures a real checkpoint may have (README's "Supported models", docs/models.md).
+ARCHITECTURES = ("Qwen3.5, Qwen3-Next, Kimi-Linear, Ring/Ling 2.5, MiniMax-Text-01, OLMo hybrid, "
+                 "Nemotron-H, Bamba, Granite 4, Falcon-H1, Jamba, Zamba2")
+
+
+def model_card(model_dir: Path, results_dir: Path) -> dict:
+    """hypic_model.json: what a user is told about the model wherever they meet it."""
+    log = json.loads((model_dir / "training_log.json").read_text())
+    cfg = json.loads((model_dir / "config.json").read_text())
+    q = results_json.load(results_dir / "quality.json")
+    longest = max(v["max"] for v in q["prompt_tokens"].values())
+    return {
+        "description": (
+            f"a {log['n_params'] / 1e6:.2f}M-parameter demo model with a {cfg['vocab_size']}-word "
+            "synthetic vocabulary, trained only to answer find/chain/count questions about short "
+            f"synthetic documents ({q['docs_per_prompt']} per prompt; its evaluation prompts are "
+            f"at most {longest} tokens); it cannot answer real text. Serve a real checkpoint with `hypic up --model DIR` (a Hugging "
+            f"Face directory of {ARCHITECTURES})"),
+        "trained_prompt_tokens": longest,
+    }
+
+
 def render(model_dir: Path, results_dir: Path) -> str:
     log = json.loads((model_dir / "training_log.json").read_text())
     cfg = json.loads((model_dir / "config.json").read_text())
     q = results_json.load(results_dir / "quality.json")
-    return "\n".join(_model_lines(cfg, log) + _training_lines(log) + _quality_lines(q, log))
+    card = model_card(model_dir, results_dir)
+    return "\n".join(_model_lines(cfg, log, card) + _training_lines(log) + _quality_lines(q, log))
 
 
-def _model_lines(cfg: dict, log: dict) -> list[str]:
+def _model_lines(cfg: dict, log: dict, card: dict) -> list[str]:
     kinds = ["L" if t == "linear_attention" else "F" for t in cfg["layer_types"]]
     return [
         "# hypic-tiny-qwen35",
+        "",
+        f"**A toy, not a language model:** {card['description']}.",
         "",
         "A tiny Qwen3.5-architecture hybrid (Gated DeltaNet + gated full attention) trained from scratch",
         "on CPU on the synthetic tasks of `bench/quality/tasks.py`. It is the bundled default model of",
@@ -218,10 +247,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=E.DEFAULT_MODEL)
     ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 when README.md or hypic_model.json differ")
     args = ap.parse_args(argv)
-    text = render(args.model, args.results)
-    (args.model / "README.md").write_text(text)
-    print(f"wrote {args.model / 'README.md'}")
+    files = {args.model / "README.md": render(args.model, args.results),
+             args.model / CARD_FILE: json.dumps(model_card(args.model, args.results), indent=2) + "\n"}
+    if args.check:
+        stale = [str(p) for p, text in files.items()
+                 if not p.exists() or p.read_text() != text]
+        for p in stale:
+            print(f"{p} is not what `python -m bench.quality.readme` renders")
+        return 1 if stale else 0
+    for p, text in files.items():
+        p.write_text(text)
+        print(f"wrote {p}")
     return 0
 
 

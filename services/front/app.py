@@ -32,6 +32,7 @@ from services.front.errors import ApiError, bad_request
 from services.front.generation import Generation
 from services.front.params import check_supported, sampling, wants_usage_in_stream
 from common.mesh.auth import read_secret
+from hypic.model_card import model_card
 from common.mesh.log import sanitize_request_id
 from services.front.routers import RouterPool
 from services.front.segments import ChatTemplate, Prompt, chat_prompt, completion_prompt
@@ -73,6 +74,7 @@ class Front:
                                read_secret(cfg.router_api_key))
         self.eos_ids = template.eos_ids()
         self.in_flight = 0
+        self.card = model_card(cfg.model)  # the bundled model's "a toy" line for /v1/models
 
     # ---- the two generation endpoints ------------------------------------------------------
     async def generate(self, request: Request, endpoint: str) -> Response:
@@ -156,7 +158,7 @@ class Front:
     async def models(self) -> dict:
         info = await self.pool.info()
         card = {"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "hypic",
-                "root": str(self.cfg.model), "parent": None}
+                "root": str(self.cfg.model), "parent": None, **self.card}
         if info is not None:
             card["max_model_len"] = info.max_prompt_tokens
         return {"object": "list", "data": [card]}

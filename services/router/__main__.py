@@ -34,8 +34,12 @@ class RouterService(service.Service):
             self.log.error("cannot load the model", model=str(cfg.model), error=str(e))
             self.executor.shutdown(wait=False)
             raise service.StartupFailed from e
+        limit = self.model.max_model_len
+        if limit is not None and cfg.max_prompt_tokens > limit:
+            cfg.max_prompt_tokens = limit  # the smallest that applies: ours or the model's
         self.log.info("model", model_type=self.model.model_type, vocab_size=self.model.vocab_size,
-                      fingerprint=self.model.fingerprint, tokenizer=self.model.tokenizer is not None)
+                      fingerprint=self.model.fingerprint, tokenizer=self.model.tokenizer is not None,
+                      max_model_len=limit, max_prompt_tokens=cfg.max_prompt_tokens)
 
     def interceptors(self) -> list:
         key = read_secret(self.cfg.api_key)

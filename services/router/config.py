@@ -56,7 +56,9 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     discovery_refresh_s: float = field(default=2.0, metadata=field_help(
         "how often dns:/// address targets are re-resolved"))
     # --- limits --------------------------------------------------------------------------
-    max_prompt_tokens: int = field(default=32768, metadata=field_help("longest prompt (segments + query)"))
+    max_prompt_tokens: int = field(default=32768, metadata=field_help(
+        "longest prompt (segments + query); lowered to the model's own limit (config's "
+        "max_position_embeddings, the tokenizer's model_max_length: the smallest)"))
     max_segments: int = field(default=1024, metadata=field_help("most segments in one request"))
     max_tokens_limit: int = field(default=4096, metadata=field_help("largest max_tokens accepted"))
     max_in_flight: int = field(default=64, metadata=field_help("requests in flight before "

@@ -37,6 +37,28 @@ def read_model_config(path: Path) -> tuple[str, int, dict]:
     return model_type, int(vocab), raw
 
 
+# What transformers writes as model_max_length when a tokenizer has no limit (int(1e30)).
+NO_TOKENIZER_LIMIT = int(1e30)
+# Keys that record the trained context length: Hugging Face configs, top level or in the text
+# sub-config of a multimodal one (the smallest found applies).
+LENGTH_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
+
+
+def model_max_len(raw_config: dict, tokenizer: Any = None) -> int | None:
+    """The longest prompt the model takes: the smallest of what its config records
+    (max_position_embeddings ..., also in a text sub-config) and the tokenizer's
+    model_max_length; None when neither says."""
+    found = []
+    for cfg in [raw_config] + [raw_config[s] for s in ("text_config", "language_config",
+                                                        "llm_config")
+                               if isinstance(raw_config.get(s), dict)]:
+        found += [int(cfg[k]) for k in LENGTH_KEYS if isinstance(cfg.get(k), int) and cfg[k] > 0]
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_limit, int) and 0 < tok_limit < NO_TOKENIZER_LIMIT // 2:
+        found.append(tok_limit)
+    return min(found) if found else None
+
+
 @dataclass
 class ModelInfo:
     path: Path
@@ -44,17 +66,24 @@ class ModelInfo:
     vocab_size: int
     fingerprint: str
     tokenizer: Any = None  # a transformers tokenizer, or None (token ids only)
+    # The longest prompt the model takes (model_max_len); None when nothing in the directory says.
+    max_model_len: int | None = None
 
     @classmethod
     def load(cls, path: str | Path, *, tokenizer: bool = True) -> "ModelInfo":
         path = Path(path)
-        model_type, vocab, _ = read_model_config(path)
+        model_type, vocab, raw = read_model_config(path)
         tok = None
         if tokenizer and any((path / f).exists() for f in TOKENIZER_FILES):
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(str(path))
-        return cls(path, model_type, vocab, model_fingerprint(path), tok)
+        limit = model_max_len(raw, tok)
+        if tok is not None:
+            # The router checks prompt lengths itself (a clean INVALID_ARGUMENT); without this
+            # transformers logs "will result in indexing errors" for every long text it encodes.
+            tok.model_max_length = NO_TOKENIZER_LIMIT
+        return cls(path, model_type, vocab, model_fingerprint(path), tok, limit)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text alone, without special tokens (segments are prompt pieces)."""
