@@ -8,7 +8,8 @@
         healthy, print the router address, run until Ctrl-C / SIGTERM, then stop everything.
     hypic generate --address HOST:PORT --segment TEXT [--segment-ids 1,2,3 ...] --query TEXT
         stream one generation to stdout (timings on stderr).
-    hypic info --address HOST:PORT
+    hypic info --address HOST:PORT [--data-dir ./.hypic-data]
+        the router's model (path, limits), the front's address, each segcache's size.
     hypic health HOST:PORT [--service NAME] [--http]
     hypic certs --out DIR
         a throwaway CA and one certificate per role (`hypic up --tls` makes its own).
@@ -37,6 +38,9 @@ def _ids(text: str) -> list[int]:
 
 def _ports(text: str) -> list[int]:
     return [int(p) for p in text.split(",") if p.strip()]
+
+
+MESH_FILE = "mesh.json"  # in DATA_DIR/run while `hypic up` runs
 
 
 class _Stop(Exception):
@@ -95,6 +99,13 @@ def _mesh(args: argparse.Namespace, model: Path, extra: dict[str, list[str]]) ->
                 entry_key_file=args.entry_key_file, on_ready=_print_ready)
 
 
+def _write_mesh_file(mesh: Any) -> None:
+    """DATA_DIR/run/mesh.json: every address, the model and the front, for `hypic info`."""
+    tmp = mesh.run_dir / f"{MESH_FILE}.tmp"
+    tmp.write_text(json.dumps(mesh.describe(), indent=2))
+    os.replace(tmp, mesh.run_dir / MESH_FILE)
+
+
 def _print_ready(name: str, svc: Any, seconds: float) -> None:
     """`hypic up`'s progress: one line per service as it becomes ready."""
     print(f"  {name:<10} ready at {svc.address} (pid {svc.pid}) after {seconds:.1f} s",
@@ -132,6 +143,7 @@ def _run_up(args: argparse.Namespace, mesh: Any) -> int:
                   f"--tls-key {mesh.certs.key('client')}", file=sys.stderr)
         print(f"hypic up: ready in {time.monotonic() - t0:.1f} s; Ctrl-C to stop",
               file=sys.stderr, flush=True)
+        _write_mesh_file(mesh)
         if args.json:
             print(json.dumps(mesh.describe()), flush=True)
         else:
@@ -158,6 +170,7 @@ def _run_up(args: argparse.Namespace, mesh: Any) -> int:
         print("\nhypic up: stopping", file=sys.stderr, flush=True)
     finally:
         mesh.stop()
+        (mesh.run_dir / MESH_FILE).unlink(missing_ok=True)
         signal.signal(signal.SIGTERM, old)
     print("hypic up: stopped", file=sys.stderr, flush=True)
     return 0
@@ -200,15 +213,53 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    """The router's Info (model path included), the front's address when `hypic up` started this
+    router from --data-dir, and each segcache's size (bytes and budget per tier)."""
     import hypic
 
     try:
         with hypic.Client(args.address, **_credentials(args)) as client:
-            print(json.dumps(asdict(client.info(timeout=args.timeout)), indent=2))
+            info = asdict(client.info(timeout=args.timeout))
+            creds = client.credentials
     except hypic.HypicError as e:
         print(f"hypic info: {e}", file=sys.stderr)
         return 1
+    mesh = _local_mesh(Path(args.data_dir), args.address)
+    info["front"] = mesh.get("front")
+    info["cache"] = {a: _cache_size(a, creds, args.timeout)
+                     for a in info["segcache_address"].split(",") if a.strip()}
+    print(json.dumps(info, indent=2))
     return 0
+
+
+def _local_mesh(data_dir: Path, router_address: str) -> dict[str, Any]:
+    """What `hypic up` wrote to DATA_DIR/run/mesh.json ({} unless that mesh's router is this one)."""
+    try:
+        mesh = json.loads((data_dir / "run" / MESH_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return mesh if isinstance(mesh, dict) and mesh.get("router") == router_address else {}
+
+
+def _cache_size(address: str, creds: Any, timeout: float) -> dict[str, Any]:
+    """One segcache's entries and bytes / budget per enabled tier ({"error": ...} if it does
+    not answer)."""
+    import grpc
+
+    from protos.hypic.v1 import segcache_pb2 as segcache_pb, segcache_pb2_grpc as segcache_grpc
+
+    try:
+        with creds.open(address, [], aio=False) as ch:
+            r = segcache_grpc.SegcacheStub(ch).Stats(segcache_pb.StatsRequest(), timeout=timeout,
+                                                     metadata=creds.metadata())
+    except grpc.RpcError as e:
+        return {"error": e.code().name if hasattr(e, "code") else str(e)}
+    except ValueError as e:  # an address the channel cannot open (a dns:/// target)
+        return {"error": str(e)}
+    tiers = {segcache_pb.Tier.Name(t.tier).removeprefix("TIER_").lower():
+             {"bytes": t.bytes, "budget_bytes": t.budget_bytes, "entries": t.entries}
+             for t in r.tiers if t.enabled}
+    return {"entries": r.entries, "tiers": tiers}
 
 
 def cmd_health(args: argparse.Namespace) -> int:
@@ -332,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="the router's model and mesh")
     info.add_argument("--address", default="127.0.0.1:50051")
     info.add_argument("--timeout", type=float, default=10.0)
+    info.add_argument("--data-dir", default=".hypic-data",
+                      help="hypic up's data directory: the front's address is read from it")
     _add_credential_flags(info)
     info.set_defaults(func=cmd_info)
 

@@ -100,6 +100,7 @@ class Info:
     scatter_addresses: list[str]
     combine_addresses: list[str]
     segcache_address: str
+    model_path: str = ""  # the router's model directory
 
     @classmethod
     def from_proto(cls, r: router_pb.InfoResponse) -> "Info":
@@ -108,7 +109,7 @@ class Info:
                    max_prompt_tokens=r.max_prompt_tokens,
                    scatter_addresses=list(r.scatter_addresses),
                    combine_addresses=list(r.combine_addresses),
-                   segcache_address=r.segcache_address)
+                   segcache_address=r.segcache_address, model_path=r.model_path)
 
 
 # ---- request building ----------------------------------------------------------------------------

@@ -116,7 +116,8 @@ class RouterServicer(router_grpc.RouterServicer):
             vocab_size=self.model.vocab_size, seam=self.cfg.seam, dtype=self.cfg.dtype,
             max_prompt_tokens=self.cfg.max_prompt_tokens,
             scatter_addresses=self.scatters.members,
-            combine_addresses=self.combines.addresses, segcache_address=self.cfg.segcache_address)
+            combine_addresses=self.combines.addresses, segcache_address=self.cfg.segcache_address,
+            model_path=str(self.cfg.model))
 
     # ---- Generate ------------------------------------------------------------------------------
     async def Generate(self, request: router_pb.GenerateRequest, context) -> AsyncIterator[router_pb.GenerateEvent]:

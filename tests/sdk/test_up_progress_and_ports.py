@@ -6,6 +6,7 @@ and `hypic health --http` probes the front as `python -m hypic.healthcheck --htt
 from __future__ import annotations
 
 import http.server
+import json
 import threading
 import time
 
@@ -71,7 +72,7 @@ def test_cli_health_http_like_the_healthcheck_module(capsys) -> None:
 
 
 @pytest.mark.processes
-def test_progress_per_service_and_no_port_files_after_a_clean_stop(tmp_path) -> None:
+def test_progress_per_service_and_no_port_files_after_a_clean_stop(tmp_path, capsys) -> None:
     model = make_tiny_model(tmp_path / "model")
     hung = HungHttp2()
     ready: list[tuple[str, float]] = []
@@ -84,6 +85,7 @@ def test_progress_per_service_and_no_port_files_after_a_clean_stop(tmp_path) -> 
             assert ready[0][1] <= ready[1][1]
             assert sorted(p.name for p in m.run_dir.glob("*.port.json")) == \
                 ["router.port.json", "segcache.port.json"]
+            _check_info(m, capsys)
     finally:
         hung.close()
     assert m.exit_codes == {"router": 0, "segcache": 0}
@@ -102,3 +104,20 @@ def test_failure_says_why_in_one_line_then_the_log_tail(tmp_path) -> None:
     assert first.startswith("router exited with status 1 while starting: ")
     assert len(first) > len("router exited with status 1 while starting: ")
     assert "last lines of" in rest[0] and 1 < len(rest) <= 16
+
+
+def _check_info(m: Mesh, capsys) -> None:
+    """`hypic info`: the router's model path, the front from hypic up's mesh.json (none in this
+    mesh), each segcache's bytes and budget per tier."""
+    from hypic.cli import _write_mesh_file, main
+
+    _write_mesh_file(m)  # what hypic up writes once the mesh is ready
+    capsys.readouterr()
+    assert main(["info", "--address", m.router_address, "--data-dir", str(m.data_dir)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["model_path"] == str(m.model) and info["front"] is None
+    [cache] = info["cache"].values()
+    assert cache["entries"] == 0 and cache["tiers"]["host"]["budget_bytes"] > 0
+    assert cache["tiers"]["host"]["bytes"] == 0
+    assert main(["info", "--address", m.router_address, "--data-dir", str(m.data_dir / "x")]) == 0
+    assert json.loads(capsys.readouterr().out)["front"] is None

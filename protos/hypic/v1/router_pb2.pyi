@@ -155,7 +155,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_type", "model_fingerprint", "vocab_size", "seam", "dtype", "max_prompt_tokens", "scatter_addresses", "combine_addresses", "segcache_address")
+    __slots__ = ("model_type", "model_fingerprint", "vocab_size", "seam", "dtype", "max_prompt_tokens", "scatter_addresses", "combine_addresses", "segcache_address", "model_path")
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class InfoResponse(_message.Message):
     SCATTER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     COMBINE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     SEGCACHE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     model_type: str
     model_fingerprint: str
     vocab_size: int
@@ -174,4 +175,5 @@ class InfoResponse(_message.Message):
     scatter_addresses: _containers.RepeatedScalarFieldContainer[str]
     combine_addresses: _containers.RepeatedScalarFieldContainer[str]
     segcache_address: str
-    def __init__(self, model_type: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., seam: _Optional[int] = ..., dtype: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., combine_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ...) -> None: ...
+    model_path: str
+    def __init__(self, model_type: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., seam: _Optional[int] = ..., dtype: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., combine_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ..., model_path: _Optional[str] = ...) -> None: ...
