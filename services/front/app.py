@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from services.front import metrics as m
+from services.front import cache_usage, metrics as m
 from services.front.config import FrontConfig
 from services.front.errors import ApiError, bad_request
 from services.front.generation import Generation
@@ -102,8 +102,10 @@ class Front:
         gen = Generation(self.pool, prompt, params, mode=self.cfg.default_mode,
                          model_name=self.cfg.model_name, eos_ids=self.eos_ids, request_id=rid)
         self._enter()
+        waiting = m.WAITING.labels(self.cfg.model_name)
+        waiting.inc()
         try:
-            await gen.start()
+            await gen.start()  # returns with the first token
         except ApiError as e:
             self._leave()
             if e.code == "context_length_exceeded" and endpoint == "completions":
@@ -112,6 +114,8 @@ class Front:
         except BaseException:
             self._leave()
             raise
+        finally:
+            waiting.dec()
         shape = ChatShape(self.cfg.model_name, rid) if endpoint == "chat" else \
             CompletionShape(self.cfg.model_name, rid)
         headers = {REQUEST_ID_HEADER: rid}
@@ -275,6 +279,7 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        await cache_usage.refresh(front.pool, cfg.model_name)
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -36,5 +36,10 @@ GENERATION_TOKENS_HIST = Histogram("hypic_request_generation_tokens",
 SUCCESS = Counter("hypic_request_success", "Finished requests by finish reason",
                   ["model_name", "finished_reason"])
 RUNNING = Gauge("hypic_num_requests_running", "Requests in flight at the front", ["model_name"])
+WAITING = Gauge("hypic_num_requests_waiting", "Requests at the front still waiting for their "
+                "first token (queued or being prefilled behind the router)", ["model_name"])
+CACHE_USAGE = Gauge("hypic_cache_usage_perc", "Segment cache bytes held / budget per tier, over "
+                    "the router's segcache instances (1 = full); refreshed at each scrape",
+                    ["model_name", "tier"])
 HTTP = Counter("hypic_front_http_requests", "HTTP requests by endpoint and status",
                ["endpoint", "status"])

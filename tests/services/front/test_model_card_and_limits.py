@@ -6,6 +6,7 @@ and INVALID_ARGUMENT at the router, with no transformers warning in the router's
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -24,7 +25,8 @@ BUNDLED_LIMIT = 4096  # models/hypic-tiny-qwen35: max_position_embeddings and mo
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
     with Mesh(None, tmp_path_factory.mktemp("card"), n_scatter=0, threads=1, front=True,
-              segcache=False, start_timeout_s=240) as m:
+              start_timeout_s=240,
+              extra_args={"segcache": ["--host-bytes", "16MiB", "--disk-bytes", "64MiB"]}) as m:
         yield m
 
 
@@ -58,3 +60,31 @@ def test_models_card_and_the_models_own_length_limit(mesh) -> None:
     model_line = next(json.loads(ln) for ln in log.splitlines()
                       if ln.startswith("{") and json.loads(ln).get("event") == "model")
     assert model_line["max_model_len"] == BUNDLED_LIMIT
+
+
+def _gauges(mesh, name: str) -> dict[str, float]:
+    text = httpx.get(mesh.front_url + "/metrics", timeout=30).text
+    assert "_created" not in text
+    return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+            if ln.startswith(name + "{")}
+
+
+@pytest.mark.processes
+def test_front_waiting_and_cache_usage_gauges(mesh) -> None:
+    docs = ["<doc> these vufar lopo . very Duven Ziven bufal rozo .",
+            "<doc> an since used was palar vumul . those Duven tadon lofi ."]
+    r = httpx.post(mesh.front_url + "/v1/completions", timeout=120,
+                   json={"model": MODEL, "prompt": "<q> find vufar <a>", "max_tokens": 1,
+                         "hypic": {"segments": docs}})
+    assert r.status_code == 200, r.text
+    assert _gauges(mesh, "hypic_num_requests_waiting") == \
+        {f'hypic_num_requests_waiting{{model_name="{MODEL}"}}': 0.0}
+    deadline = time.monotonic() + 30  # the built entries reach segcache after the answer
+    while True:
+        usage = _gauges(mesh, "hypic_cache_usage_perc")
+        host = usage.get(f'hypic_cache_usage_perc{{model_name="{MODEL}",tier="host"}}', 0.0)
+        if host > 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert 0 < host < 1, usage
+    assert all(0 <= v <= 1 for v in usage.values())
