@@ -136,7 +136,10 @@ def main(argv=None) -> int:
     docs, questions = session(args.questions)
     with tempfile.TemporaryDirectory() as data:
         print(f"starting the mesh (segcache, {args.scatter} scatter, combine, router) on {args.model} ...")
-        with Mesh(args.model, data, n_scatter=args.scatter, threads=1) as mesh:
+        # 8 documents (~4.2k tokens) go past the 4096 positions the bundled model declares (its
+        # router limit by default); its RoPE has no position table, so the demo allows them.
+        with Mesh(args.model, data, n_scatter=args.scatter, threads=1,
+                  extra_args={"router": ["--max-prompt-tokens", "8192"]}) as mesh:
             print(f"router at {mesh.router_address}\n")
             with hypic.Client(mesh.router_address, timeout=300) as client:
                 tokens = client.generate(segments=docs, query=questions[0][0], max_tokens=1, stream=False,

@@ -20,6 +20,9 @@ from services.router.model import ModelError, ModelInfo
 from services.router.servicer import SERVICE_NAME, RouterServicer
 
 
+DEFAULT_MAX_PROMPT_TOKENS = 32768  # for a model that records no length limit
+
+
 class RouterService(service.Service):
     name = "router"
     grpc_service = SERVICE_NAME
@@ -35,8 +38,8 @@ class RouterService(service.Service):
             self.executor.shutdown(wait=False)
             raise service.StartupFailed from e
         limit = self.model.max_model_len
-        if limit is not None and cfg.max_prompt_tokens > limit:
-            cfg.max_prompt_tokens = limit  # the smallest that applies: ours or the model's
+        if not cfg.max_prompt_tokens:  # an operator's explicit value stands (e.g. RoPE past it)
+            cfg.max_prompt_tokens = limit or DEFAULT_MAX_PROMPT_TOKENS
         self.log.info("model", model_type=self.model.model_type, vocab_size=self.model.vocab_size,
                       fingerprint=self.model.fingerprint, tokenizer=self.model.tokenizer is not None,
                       max_model_len=limit, max_prompt_tokens=cfg.max_prompt_tokens)

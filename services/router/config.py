@@ -56,9 +56,9 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     discovery_refresh_s: float = field(default=2.0, metadata=field_help(
         "how often dns:/// address targets are re-resolved"))
     # --- limits --------------------------------------------------------------------------
-    max_prompt_tokens: int = field(default=32768, metadata=field_help(
-        "longest prompt (segments + query); lowered to the model's own limit (config's "
-        "max_position_embeddings, the tokenizer's model_max_length: the smallest)"))
+    max_prompt_tokens: int = field(default=0, metadata=field_help(
+        "longest prompt (segments + query); 0 = the model's own limit (the smallest of config's "
+        "max_position_embeddings and the tokenizer's model_max_length; 32768 when neither says)"))
     max_segments: int = field(default=1024, metadata=field_help("most segments in one request"))
     max_tokens_limit: int = field(default=4096, metadata=field_help("largest max_tokens accepted"))
     max_in_flight: int = field(default=64, metadata=field_help("requests in flight before "
@@ -104,8 +104,9 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
             raise ValueError("at least one combine address is needed (--combine-addresses)")
         if not (self.discovery_refresh_s > 0 and math.isfinite(self.discovery_refresh_s)):
             raise ValueError("discovery_refresh_s must be a finite number > 0")
-        for name in ("max_prompt_tokens", "max_segments", "max_tokens_limit", "max_in_flight",
-                     "tokenizer_threads"):
+        if self.max_prompt_tokens < 0:
+            raise ValueError("max_prompt_tokens must be >= 0 (0: the model's own limit)")
+        for name in ("max_segments", "max_tokens_limit", "max_in_flight", "tokenizer_threads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         for name in ("claim_lease_s", "claim_wait_s"):

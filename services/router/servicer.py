@@ -223,7 +223,7 @@ class RouterServicer(router_grpc.RouterServicer):
             total += len(seq)
         if total > cfg.max_prompt_tokens:
             raise Abort(bad, f"prompt of {total} tokens is over max_prompt_tokens "
-                              f"({cfg.max_prompt_tokens}, the model's max_model_len or less)")
+                              f"({cfg.max_prompt_tokens})")
         req.segments = ids[:-1]  # type: ignore[assignment]
         req.query = ids[-1]  # type: ignore[assignment]
         req.prompt_tokens = total
