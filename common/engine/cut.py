@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 # Pieces of at most this many tokens by default (0: never cut). Chosen on bench/quality
 # (docs/results.md, "Cutting long segments"): the quality cost of a cut at this length.
-DEFAULT_CUT_TOKENS = 256
+DEFAULT_CUT_TOKENS = 1024
 
 
 def n_pieces(length: int, max_tokens: int) -> int:
