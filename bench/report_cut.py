@@ -68,4 +68,25 @@ def cut_section(cut: dict) -> list[str]:
         out += _sim(cut["sim"])
     if "mesh" in cut:
         out += _mesh(cut["mesh"])
-    return out
+    return out + _choice(cut)
+
+
+def _choice(cut: dict) -> list[str]:
+    """Why the default: the fastest L at the largest m, and the quality cost measured."""
+    out = []
+    if "sim" in cut:
+        top = max(r["m"] for r in cut["sim"]["rows"])
+        at = [r for r in cut["sim"]["rows"] if r["m"] == top]
+        fast = max(at, key=lambda r: r["speedup_vs_whole_m1"])
+        whole = next(r for r in at if r["cut_tokens"] == "whole")
+        out.append(f"At m = {top} the fastest is L = {fast['cut_tokens']}: {fast['speedup_vs_whole_m1']:.2f}× "
+                   f"({fast['speedup_vs_whole_m1_compute_only']:.2f}× without the fixed overhead) against "
+                   f"{whole['speedup_vs_whole_m1']:.2f}× whole; shorter pieces lose it again, each adding a seam "
+                   "to the composition.")
+    if "quality" in cut:
+        q = cut["quality"]
+        worst = min(0.0, *(d for t in q["tasks"] for m, d in q["delta_vs_full"][t].items() if m != "full"))
+        out.append(f"The largest accuracy loss against full recompute at any L measured: {abs(worst):.1f} points "
+                   f"({q['n_per_task'] * len(q['tasks'])} prompts; pieces as short as "
+                   f"{min(int(m[3:]) for m in q['modes'] if m[3:].isdigit())} tokens).")
+    return [" ".join(out), ""] if out else []
