@@ -2,6 +2,7 @@
 (serve_random.json) and the warm path against its floor (anatomy.json)."""
 from __future__ import annotations
 
+from bench.report_baseline import named, vs_best
 from bench.report_format import (PUBLISHED, command, hit_split, machine_load, ms, pct, ratio, short_name, tiers,
                                  times)
 from common.engine.modes import LABELS, MODES
@@ -39,14 +40,14 @@ def random_section(rnd: dict) -> list[str]:
         best = "—" if d is None else f"{d['measured_qps']:.3f}"
         out.append(f"| {LABELS[mode]}{err} | {ms(s['ttft_p50_s'])} | {ms(s['ttft_p90_s'])} | {pct(s['hit_rate'])} | "
                    f"{tiers(s['hits_by_tier'])} | {qps} | {best} |")
-    out += ["", f"Hypic vs prefix cache: TTFT p50 **{times(h['ttft_p50_ratio_hypic_vs_prefix'])}** "
-            f"(aim ≥ 4×; the HYPIC paper {PUBLISHED['ttft_p50']}×), vs full recompute "
-            f"{times(h['ttft_p50_ratio_hypic_vs_full'])}"]
+    vb = vs_best(rnd)
+    out += ["", f"Hypic vs the best baseline (the faster of full recompute and prefix cache at each point): "
+            f"TTFT p50 **{named(vb.get('ttft_p50'))}** (aim ≥ 4×; the HYPIC paper {PUBLISHED['ttft_p50']}×)"]
     if sw:
         out[-1] += (f"; QPS at SLO (p90 TTFT ≤ {sw['slo_s']:.1f} s = {sw['slo_x_full_p50']:g} × full recompute's "
                     f"p50, rate ladder {', '.join(f'{x:g}' for x in sw['rates_x'])} × its service rate "
                     f"{sw['full_service_rate_rps']:.3f} req/s, {min(sw['n_per_rate'])}–{max(sw['n_per_rate'])} "
-                    f"requests a point) **{times(h.get('qps_at_slo_ratio_hypic_vs_prefix'))}** "
+                    f"requests a point) **{named(vb.get('qps_at_slo'))}** "
                     f"(aim ≥ 2×; the HYPIC paper {PUBLISHED['qps']}×)"
                     + (", a lower bound: hypic met the SLO at every rate of the ladder"
                        if sw["modes"]["hypic"]["lower_bound"] else ""))
@@ -113,10 +114,10 @@ def anatomy_section(an: dict) -> list[str]:
 
 
 def closing_rows_random(rnd: dict) -> list[str]:
-    h = rnd["headline"]
-    rows = [f"| hypic vs prefix cache, TTFT p50 (RAG), mid-size random-weight model | "
-            f"{times(h['ttft_p50_ratio_hypic_vs_prefix'])} | {PUBLISHED['ttft_p50']}× (aim ≥ 4×) |"]
-    if "qps_at_slo_ratio_hypic_vs_prefix" in h:
-        rows.append(f"| hypic vs prefix cache, QPS at SLO (p90 TTFT ≤ {h['slo_s']:.1f} s), mid-size random-weight "
-                    f"model | {times(h['qps_at_slo_ratio_hypic_vs_prefix'])} | {PUBLISHED['qps']}× (aim ≥ 2×) |")
+    h, best = rnd["headline"], vs_best(rnd)
+    rows = [f"| hypic vs the best baseline, TTFT p50 (RAG), mid-size random-weight model | "
+            f"{named(best.get('ttft_p50'))} | {PUBLISHED['ttft_p50']}× (aim ≥ 4×) |"]
+    if "qps_at_slo" in best:
+        rows.append(f"| hypic vs the best baseline, QPS at SLO (p90 TTFT ≤ {h['slo_s']:.1f} s), mid-size random-weight "
+                    f"model | {named(best['qps_at_slo'])} | {PUBLISHED['qps']}× (aim ≥ 2×) |")
     return rows

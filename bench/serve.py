@@ -54,6 +54,7 @@ from bench.cold_mesh import ColdParams, cold_path
 from bench.driver import (ROOT, Encoder, PrefixReplay, build_workloads, drive, json_default, log, qps_at_slo,
                           summarize)
 from bench.plots import plot_cdf, plot_cold, plot_rate
+from bench.report_baseline import vs_best
 from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model
 from common.engine.modes import LABELS, MODES
 from hypic.launcher import DEFAULT_MODEL, Mesh
@@ -238,6 +239,8 @@ def headline(serve: dict, cold: dict | None) -> dict:
         h["sim_speedup_by_m"] = {r["partition"]: {str(x["m"]): x["speedup_vs_m1"] for x in rows
                                                   if x["partition"] == r["partition"]}
                                  for r in rows}
+    # every ratio again against the better of full recompute and prefix cache at its point, named
+    h["vs_best_baseline"] = vs_best(serve)
     return h
 
 

@@ -154,14 +154,14 @@ class Client:
                  *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int = 0,
                  mode: str = "hypic", timeout: float | None = None, return_logits: bool = False,
-                 stop_at_eos: bool = True, request_id: str | None = None
+                 stop_at_eos: bool = True, request_id: str | None = None, keep_whole: bool = False
                  ) -> TokenStream | GenerateResult:
         """stream=True: a TokenStream (iterate it for Token events); stream=False: block until
         the generation ends and return a GenerateResult(tokens, text, timings, logits)."""
         req = build_request(segments, query, max_tokens=max_tokens, temperature=temperature,
                             top_k=top_k, top_p=top_p, seed=seed, mode=mode,
                             return_logits=return_logits,
-                            stop_at_eos=stop_at_eos, request_id=request_id)
+                            stop_at_eos=stop_at_eos, request_id=request_id, keep_whole=keep_whole)
         call = self._stub.Generate(req, timeout=self._timeout(timeout),
                                    metadata=self.credentials.metadata(req.request_id))
         ts = TokenStream(call, req.request_id)
@@ -270,13 +270,13 @@ class AsyncClient:
                  *, stream: bool = True, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int = 0,
                  mode: str = "hypic", timeout: float | None = None, return_logits: bool = False,
-                 stop_at_eos: bool = True, request_id: str | None = None):
+                 stop_at_eos: bool = True, request_id: str | None = None, keep_whole: bool = False):
         """stream=True: an AsyncTokenStream (`async for tok in ...`); stream=False: a coroutine
         of GenerateResult (`await client.generate(..., stream=False)`)."""
         req = build_request(segments, query, max_tokens=max_tokens, temperature=temperature,
                             top_k=top_k, top_p=top_p, seed=seed, mode=mode,
                             return_logits=return_logits,
-                            stop_at_eos=stop_at_eos, request_id=request_id)
+                            stop_at_eos=stop_at_eos, request_id=request_id, keep_whole=keep_whole)
         def start() -> AsyncTokenStream:
             call = self._stub.Generate(req, timeout=self._timeout(timeout),
                                        metadata=self.credentials.metadata(req.request_id))

@@ -134,9 +134,10 @@ def _segment(value: Any, what: str) -> router_pb.Segment:
 def build_request(segments: Sequence[SegmentLike], query: SegmentLike, *, max_tokens: int = 16,
                   temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                   mode: str = "hypic", return_logits: bool = False, stop_at_eos: bool = True,
-                  request_id: str | None = None) -> router_pb.GenerateRequest:
+                  request_id: str | None = None, keep_whole: bool = False) -> router_pb.GenerateRequest:
     """The GenerateRequest for these arguments (client-side type checks only; the router
-    validates the content)."""
+    validates the content). keep_whole: the router caches every segment whole instead of
+    cutting one longer than its --cut-tokens into pieces built in parallel."""
     if isinstance(segments, (str, bytes)) or isinstance(segments, router_pb.Segment):
         raise errors.InvalidArgument("segments must be a list (of str or token-id lists)")
     mode_value = MODES.get(mode.strip().lower()) if isinstance(mode, str) else (
@@ -150,7 +151,7 @@ def build_request(segments: Sequence[SegmentLike], query: SegmentLike, *, max_to
         query=_segment(query, "query"), max_tokens=max_tokens, temperature=float(temperature),
         top_k=int(top_k), top_p=float(top_p), seed=int(seed), mode=mode_value,
         return_logits=bool(return_logits), stop_at_eos=bool(stop_at_eos),
-        request_id=request_id or uuid.uuid4().hex[:16])
+        request_id=request_id or uuid.uuid4().hex[:16], keep_whole=bool(keep_whole))
 
 
 class Accumulator:

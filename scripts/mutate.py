@@ -274,6 +274,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "if False:",
            ("tests/services/router/test_foreign_scatter.py",)),
     # -- benchmarks --------------------------------------------------------------------------------------
+    Mutant("best-baseline-is-the-slower", "bench/report_baseline.py",
+           "    pick = max if higher_is_better else min", "    pick = min if higher_is_better else max",
+           ("tests/bench/test_report_baseline.py",)),
+    Mutant("cut-leaves-a-short-tail", "common/engine/cut.py",
+           "        stop = start + size + (1 if k < extra else 0)",
+           "        stop = min(len(ids), start + max_tokens) if k < n - 1 else len(ids)",
+           ("tests/engine/test_cut.py",)),
     Mutant("report-drops-random-model-ratios", "bench/report.py",
            "        out += closing_rows_random(rnd)", "        pass",
            ("tests/bench/test_report.py",)),

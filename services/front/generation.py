@@ -64,7 +64,7 @@ class Generation:
             self.stream, self.first = await self.pool.open(
                 segments=self.prompt.segments, query=self.prompt.query, max_tokens=s.max_tokens,
                 temperature=s.temperature, top_p=s.top_p, seed=s.seed, mode=self.mode,
-                stop_at_eos=True, request_id=self.request_id)
+                stop_at_eos=True, request_id=self.request_id, keep_whole=self.prompt.keep_whole)
         except sdk.HypicError as e:
             raise from_sdk(e) from None
         if self.first is not None:

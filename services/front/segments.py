@@ -5,7 +5,7 @@
   in the last user message the parts before the last are segments, the last is the query). The
   model's chat template (tokenizer_config.json) is applied to each segment alone, so a message
   tokenizes the same wherever it stands: segments without, the query with the generation prompt.
-- explicit: `"hypic": {"segments": [...], "query": "...", "mode": "..."}` in the body (the
+- explicit: `"hypic": {"segments": [...], "query": "...", "mode": "...", "keep_whole": false}` in the body (the
   openai client's `extra_body`) on both endpoints; segments and query are sent as given (text or
   token ids); without "query", the chat's last user message or the completion prompt is the query.
 - LMCache-style: a completions prompt split on the configured separator; the last piece is the query.
@@ -25,7 +25,7 @@ from services.front.errors import bad_request
 
 SegmentLike = Union[str, list[int]]
 ROLES = ("system", "developer", "user", "assistant", "tool")
-EXTENSION_KEYS = {"segments", "query", "mode"}
+EXTENSION_KEYS = {"segments", "query", "mode", "keep_whole"}
 
 
 @dataclass
@@ -33,6 +33,7 @@ class Prompt:
     segments: list[SegmentLike]
     query: SegmentLike
     mode: str | None = None
+    keep_whole: bool = False     # the router caches every segment whole (no cut into pieces)
 
 
 class ChatTemplate:
@@ -118,7 +119,18 @@ def extension(body: dict) -> dict:
             raise bad_request(f"hypic.mode must be one of {', '.join(MODE_NAMES)}",
                               param="hypic.mode")
         out["mode"] = mode.lower()
+    if "keep_whole" in ext:
+        if not isinstance(ext["keep_whole"], bool):
+            raise bad_request("hypic.keep_whole must be a boolean", param="hypic.keep_whole")
+        out["keep_whole"] = ext["keep_whole"]
     return out
+
+
+def _with_options(prompt: Prompt, ext: dict) -> Prompt:
+    """The extension's per-request options (mode, keep_whole) set on a prompt."""
+    prompt.mode = ext.get("mode")
+    prompt.keep_whole = ext.get("keep_whole", False)
+    return prompt
 
 
 def _split_last_token(template: ChatTemplate, text: str, param: str) -> Prompt:
@@ -150,7 +162,7 @@ def chat_prompt(body: dict, template: ChatTemplate) -> Prompt:
     query_text = template.render("user", last_parts[-1], query=True)
     query: SegmentLike = ext.get("query", query_text)
     if "segments" in ext:
-        return Prompt(segments=ext["segments"], query=query, mode=ext.get("mode"))
+        return _with_options(Prompt(segments=ext["segments"], query=query), ext)
     segments: list[SegmentLike] = [template.render(r, p, query=False)
                                    for r, parts in rendered[:-1] for p in parts if p]
     segments += [template.render("user", p, query=False) for p in last_parts[:-1] if p]
@@ -158,10 +170,8 @@ def chat_prompt(body: dict, template: ChatTemplate) -> Prompt:
         if "query" in ext:
             raise bad_request("no segments: send earlier messages or hypic.segments",
                               param="messages")
-        prompt = _split_last_token(template, query_text, "messages")
-        prompt.mode = ext.get("mode")
-        return prompt
-    return Prompt(segments=segments, query=query, mode=ext.get("mode"))
+        return _with_options(_split_last_token(template, query_text, "messages"), ext)
+    return _with_options(Prompt(segments=segments, query=query), ext)
 
 
 def completion_prompt(body: dict, template: ChatTemplate, separator: str) -> Prompt:
@@ -171,8 +181,8 @@ def completion_prompt(body: dict, template: ChatTemplate, separator: str) -> Pro
     ext = extension(body)
     if "segments" in ext:
         if "query" in ext:
-            return Prompt(ext["segments"], ext["query"], ext.get("mode"))
-        return Prompt(ext["segments"], _segment_like(prompt, "prompt"), ext.get("mode"))
+            return _with_options(Prompt(ext["segments"], ext["query"]), ext)
+        return _with_options(Prompt(ext["segments"], _segment_like(prompt, "prompt")), ext)
     if not isinstance(prompt, str) or not prompt:
         raise bad_request("prompt must be a non-empty string (batches of prompts are not "
                           "supported)", param="prompt")
@@ -187,5 +197,4 @@ def completion_prompt(body: dict, template: ChatTemplate, separator: str) -> Pro
     if "query" in ext:
         out = Prompt(segments=[*out.segments, out.query] if len(pieces) > 1 else pieces,
                      query=ext["query"])
-    out.mode = ext.get("mode")
-    return out
+    return _with_options(out, ext)

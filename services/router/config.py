@@ -18,6 +18,7 @@ from common.mesh.fields import field_help
 from common.mesh.config import ServiceConfig
 from common.mesh.discovery import Target, parse_target
 from common.mesh.auth import api_key_field
+from common.engine.cut import DEFAULT_CUT_TOKENS
 from common.engine.dtypes import check_dtype_name
 
 ENV_PREFIX = "HYPIC_ROUTER_"
@@ -36,6 +37,9 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     seam: int = field(default=8, metadata=field_help("seam window (tokens recomputed per segment)"))
     dtype: str = field(default="float32", metadata=field_help("entry dtype: float32 | bfloat16 | float16 "
                                                       "(must match scatter and combine)"))
+    cut_tokens: int = field(default=DEFAULT_CUT_TOKENS, metadata=field_help(
+        "cache a segment longer than this as pieces of at most this many tokens, built in "
+        "parallel (common/engine/cut.py; a request's keep_whole turns it off); 0 = never cut"))
     # --- network -------------------------------------------------------------------------
     host: str = field(default="127.0.0.1", metadata=field_help("address to bind"))
     port: int = field(default=50051, metadata=field_help("gRPC port; 0 = ephemeral"))
@@ -94,6 +98,9 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
         check_dtype_name(self.dtype)
         if self.seam < 0:
             raise ValueError("seam must be >= 0")
+        if self.cut_tokens < 0 or 0 < self.cut_tokens <= self.seam:
+            # A piece no longer than the seam window would be all seam: nothing cached.
+            raise ValueError("cut_tokens must be 0 (never cut) or more than the seam window")
         self.segcache_address = (self.segcache_address or "").strip()
         for name in ("segcache_address", "scatter_addresses", "combine_addresses"):
             try:

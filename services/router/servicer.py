@@ -1,6 +1,7 @@
 """The hypic.v1.Router gRPC servicer (grpc.aio).
 
-Generate: validate → tokenize → keys → segcache Lookup (best effort) → LPT plan of the misses →
+Generate: validate → tokenize → cut long segments into cache pieces (common/engine/cut.py; the
+plan, keys, trace and Timings.segments count pieces) → keys → segcache Lookup (best effort) → LPT plan of the misses →
 combine.Execute(plan) (least loaded combine first, the next one on UNAVAILABLE) → forward tokens
 (detokenized) and timings; SegmentReady events feed the planner's cost model and load books.
 Every downstream call carries x-request-id and the remaining deadline; a client that goes away
@@ -22,6 +23,7 @@ import grpc
 import structlog
 
 from common.engine import modes
+from common.engine.cut import cut_segments
 from common.engine.fingerprint import segment_key
 from common.mesh.abort import Abort
 from common.mesh.checks import check_temperature
@@ -224,9 +226,17 @@ class RouterServicer(router_grpc.RouterServicer):
         if total > cfg.max_prompt_tokens:
             raise Abort(bad, f"prompt of {total} tokens is over max_prompt_tokens "
                               f"({cfg.max_prompt_tokens})")
-        req.segments = ids[:-1]  # type: ignore[assignment]
+        req.segments = self._cut(request, ids[:-1])  # type: ignore[arg-type]
         req.query = ids[-1]  # type: ignore[assignment]
         req.prompt_tokens = total
+
+    def _cut(self, request: router_pb.GenerateRequest, segments: list[list[int]]) -> list[list[int]]:
+        """Long segments as cache pieces (common/engine/cut.py) in the modes that cache entries;
+        full and prefix see the segments as sent (a cut would change only prefix's alignment)."""
+        if request.keep_whole or not modes.uses_entries(modes.from_wire(request.mode)):
+            return segments
+        pieces, _ = cut_segments(segments, self.cfg.cut_tokens)
+        return pieces
 
     async def _claim_misses(self, keys: list[str], req: RequestState) -> Claimed:
         """Claim the misses (services.router.claims)."""

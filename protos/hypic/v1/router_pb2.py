@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/hypic/v1/router.proto\x12\x08hypic.v1\"*\n\x07Segment\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\"\xa7\x02\n\x0fGenerateRequest\x12#\n\x08segments\x18\x01 \x03(\x0b\x32\x11.hypic.v1.Segment\x12 \n\x05query\x18\x02 \x01(\x0b\x32\x11.hypic.v1.Segment\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12#\n\x04mode\x18\x07 \x01(\x0e\x32\x15.hypic.v1.PrefillMode\x12\x15\n\rreturn_logits\x18\x08 \x01(\x08\x12\x18\n\x0bstop_at_eos\x18\t \x01(\x08H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\r\n\x05top_p\x18\x0b \x01(\x02\x42\x0e\n\x0c_stop_at_eos\"\x8f\x01\n\x0cSegmentTrace\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0c\n\x04tier\x18\x04 \x01(\t\x12\x0f\n\x07\x66\x65tch_s\x18\x05 \x01(\x01\x12\x0f\n\x07\x62uild_s\x18\x06 \x01(\x01\x12\x0e\n\x06tokens\x18\x07 \x01(\r\x12\x10\n\x08via_nixl\x18\x08 \x01(\x08\"\xaa\x04\n\x07Timings\x12\x12\n\ntokenize_s\x18\x01 \x01(\x01\x12\x10\n\x08lookup_s\x18\x02 \x01(\x01\x12\x11\n\tscatter_s\x18\x03 \x01(\x01\x12\x12\n\ntransfer_s\x18\x04 \x01(\x01\x12\x11\n\tcompose_s\x18\x05 \x01(\x01\x12\x0f\n\x07seams_s\x18\x06 \x01(\x01\x12\x17\n\x0fquery_prefill_s\x18\x07 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x08 \x01(\x01\x12\x0f\n\x07total_s\x18\t \x01(\x01\x12\x10\n\x08segments\x18\n \x01(\r\x12\x0c\n\x04hits\x18\x0b \x01(\r\x12\x0e\n\x06misses\x18\x0c \x01(\r\x12\x15\n\rprompt_tokens\x18\r \x01(\r\x12\x37\n\x0chits_by_tier\x18\x0e \x03(\x0b\x32!.hypic.v1.Timings.HitsByTierEntry\x12%\n\x05trace\x18\x0f \x03(\x0b\x32\x16.hypic.v1.SegmentTrace\x12\x15\n\rcached_tokens\x18\x10 \x01(\r\x12H\n\x15\x63\x61\x63hed_tokens_by_tier\x18\x11 \x03(\x0b\x32).hypic.v1.Timings.CachedTokensByTierEntry\x1a\x31\n\x0fHitsByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x39\n\x17\x43\x61\x63hedTokensByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"K\n\nTokenEvent\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x0e\n\x06logits\x18\x04 \x03(\x02\"\x87\x01\n\rGenerateEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05token\x18\x02 \x01(\x0b\x32\x14.hypic.v1.TokenEventH\x00\x12$\n\x07timings\x18\x03 \x01(\x0b\x32\x11.hypic.v1.TimingsH\x00\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x42\x07\n\x05\x65vent\"\r\n\x0bInfoRequest\"\xed\x01\n\x0cInfoResponse\x12\x12\n\nmodel_type\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0c\n\x04seam\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x19\n\x11max_prompt_tokens\x18\x06 \x01(\r\x12\x19\n\x11scatter_addresses\x18\x07 \x03(\t\x12\x19\n\x11\x63ombine_addresses\x18\x08 \x03(\t\x12\x18\n\x10segcache_address\x18\t \x01(\t\x12\x12\n\nmodel_path\x18\n \x01(\t*\x8c\x01\n\x0bPrefillMode\x12\x16\n\x12PREFILL_MODE_HYPIC\x10\x00\x12\x15\n\x11PREFILL_MODE_FULL\x10\x01\x12\x17\n\x13PREFILL_MODE_PREFIX\x10\x02\x12\x19\n\x15PREFILL_MODE_ADDITIVE\x10\x03\x12\x16\n\x12PREFILL_MODE_NAIVE\x10\x03\x1a\x02\x10\x01\x32\x81\x01\n\x06Router\x12@\n\x08Generate\x12\x19.hypic.v1.GenerateRequest\x1a\x17.hypic.v1.GenerateEvent0\x01\x12\x35\n\x04Info\x12\x15.hypic.v1.InfoRequest\x1a\x16.hypic.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprotos/hypic/v1/router.proto\x12\x08hypic.v1\"*\n\x07Segment\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\"\xbb\x02\n\x0fGenerateRequest\x12#\n\x08segments\x18\x01 \x03(\x0b\x32\x11.hypic.v1.Segment\x12 \n\x05query\x18\x02 \x01(\x0b\x32\x11.hypic.v1.Segment\x12\x12\n\nmax_tokens\x18\x03 \x01(\r\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_k\x18\x05 \x01(\r\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12#\n\x04mode\x18\x07 \x01(\x0e\x32\x15.hypic.v1.PrefillMode\x12\x15\n\rreturn_logits\x18\x08 \x01(\x08\x12\x18\n\x0bstop_at_eos\x18\t \x01(\x08H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\r\n\x05top_p\x18\x0b \x01(\x02\x12\x12\n\nkeep_whole\x18\x0c \x01(\x08\x42\x0e\n\x0c_stop_at_eos\"\x8f\x01\n\x0cSegmentTrace\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0e\n\x06worker\x18\x03 \x01(\t\x12\x0c\n\x04tier\x18\x04 \x01(\t\x12\x0f\n\x07\x66\x65tch_s\x18\x05 \x01(\x01\x12\x0f\n\x07\x62uild_s\x18\x06 \x01(\x01\x12\x0e\n\x06tokens\x18\x07 \x01(\r\x12\x10\n\x08via_nixl\x18\x08 \x01(\x08\"\xaa\x04\n\x07Timings\x12\x12\n\ntokenize_s\x18\x01 \x01(\x01\x12\x10\n\x08lookup_s\x18\x02 \x01(\x01\x12\x11\n\tscatter_s\x18\x03 \x01(\x01\x12\x12\n\ntransfer_s\x18\x04 \x01(\x01\x12\x11\n\tcompose_s\x18\x05 \x01(\x01\x12\x0f\n\x07seams_s\x18\x06 \x01(\x01\x12\x17\n\x0fquery_prefill_s\x18\x07 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x08 \x01(\x01\x12\x0f\n\x07total_s\x18\t \x01(\x01\x12\x10\n\x08segments\x18\n \x01(\r\x12\x0c\n\x04hits\x18\x0b \x01(\r\x12\x0e\n\x06misses\x18\x0c \x01(\r\x12\x15\n\rprompt_tokens\x18\r \x01(\r\x12\x37\n\x0chits_by_tier\x18\x0e \x03(\x0b\x32!.hypic.v1.Timings.HitsByTierEntry\x12%\n\x05trace\x18\x0f \x03(\x0b\x32\x16.hypic.v1.SegmentTrace\x12\x15\n\rcached_tokens\x18\x10 \x01(\r\x12H\n\x15\x63\x61\x63hed_tokens_by_tier\x18\x11 \x03(\x0b\x32).hypic.v1.Timings.CachedTokensByTierEntry\x1a\x31\n\x0fHitsByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x39\n\x17\x43\x61\x63hedTokensByTierEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"K\n\nTokenEvent\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\r\x12\x0e\n\x06logits\x18\x04 \x03(\x02\"\x87\x01\n\rGenerateEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x05token\x18\x02 \x01(\x0b\x32\x14.hypic.v1.TokenEventH\x00\x12$\n\x07timings\x18\x03 \x01(\x0b\x32\x11.hypic.v1.TimingsH\x00\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x42\x07\n\x05\x65vent\"\r\n\x0bInfoRequest\"\xed\x01\n\x0cInfoResponse\x12\x12\n\nmodel_type\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0c\n\x04seam\x18\x04 \x01(\r\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\x19\n\x11max_prompt_tokens\x18\x06 \x01(\r\x12\x19\n\x11scatter_addresses\x18\x07 \x03(\t\x12\x19\n\x11\x63ombine_addresses\x18\x08 \x03(\t\x12\x18\n\x10segcache_address\x18\t \x01(\t\x12\x12\n\nmodel_path\x18\n \x01(\t*\x8c\x01\n\x0bPrefillMode\x12\x16\n\x12PREFILL_MODE_HYPIC\x10\x00\x12\x15\n\x11PREFILL_MODE_FULL\x10\x01\x12\x17\n\x13PREFILL_MODE_PREFIX\x10\x02\x12\x19\n\x15PREFILL_MODE_ADDITIVE\x10\x03\x12\x16\n\x12PREFILL_MODE_NAIVE\x10\x03\x1a\x02\x10\x01\x32\x81\x01\n\x06Router\x12@\n\x08Generate\x12\x19.hypic.v1.GenerateRequest\x1a\x17.hypic.v1.GenerateEvent0\x01\x12\x35\n\x04Info\x12\x15.hypic.v1.InfoRequest\x1a\x16.hypic.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,28 +37,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TIMINGS_HITSBYTIERENTRY']._serialized_options = b'8\001'
   _globals['_TIMINGS_CACHEDTOKENSBYTIERENTRY']._loaded_options = None
   _globals['_TIMINGS_CACHEDTOKENSBYTIERENTRY']._serialized_options = b'8\001'
-  _globals['_PREFILLMODE']._serialized_start=1558
-  _globals['_PREFILLMODE']._serialized_end=1698
+  _globals['_PREFILLMODE']._serialized_start=1578
+  _globals['_PREFILLMODE']._serialized_end=1718
   _globals['_SEGMENT']._serialized_start=42
   _globals['_SEGMENT']._serialized_end=84
   _globals['_GENERATEREQUEST']._serialized_start=87
-  _globals['_GENERATEREQUEST']._serialized_end=382
-  _globals['_SEGMENTTRACE']._serialized_start=385
-  _globals['_SEGMENTTRACE']._serialized_end=528
-  _globals['_TIMINGS']._serialized_start=531
-  _globals['_TIMINGS']._serialized_end=1085
-  _globals['_TIMINGS_HITSBYTIERENTRY']._serialized_start=977
-  _globals['_TIMINGS_HITSBYTIERENTRY']._serialized_end=1026
-  _globals['_TIMINGS_CACHEDTOKENSBYTIERENTRY']._serialized_start=1028
-  _globals['_TIMINGS_CACHEDTOKENSBYTIERENTRY']._serialized_end=1085
-  _globals['_TOKENEVENT']._serialized_start=1087
-  _globals['_TOKENEVENT']._serialized_end=1162
-  _globals['_GENERATEEVENT']._serialized_start=1165
-  _globals['_GENERATEEVENT']._serialized_end=1300
-  _globals['_INFOREQUEST']._serialized_start=1302
-  _globals['_INFOREQUEST']._serialized_end=1315
-  _globals['_INFORESPONSE']._serialized_start=1318
-  _globals['_INFORESPONSE']._serialized_end=1555
-  _globals['_ROUTER']._serialized_start=1701
-  _globals['_ROUTER']._serialized_end=1830
+  _globals['_GENERATEREQUEST']._serialized_end=402
+  _globals['_SEGMENTTRACE']._serialized_start=405
+  _globals['_SEGMENTTRACE']._serialized_end=548
+  _globals['_TIMINGS']._serialized_start=551
+  _globals['_TIMINGS']._serialized_end=1105
+  _globals['_TIMINGS_HITSBYTIERENTRY']._serialized_start=997
+  _globals['_TIMINGS_HITSBYTIERENTRY']._serialized_end=1046
+  _globals['_TIMINGS_CACHEDTOKENSBYTIERENTRY']._serialized_start=1048
+  _globals['_TIMINGS_CACHEDTOKENSBYTIERENTRY']._serialized_end=1105
+  _globals['_TOKENEVENT']._serialized_start=1107
+  _globals['_TOKENEVENT']._serialized_end=1182
+  _globals['_GENERATEEVENT']._serialized_start=1185
+  _globals['_GENERATEEVENT']._serialized_end=1320
+  _globals['_INFOREQUEST']._serialized_start=1322
+  _globals['_INFOREQUEST']._serialized_end=1335
+  _globals['_INFORESPONSE']._serialized_start=1338
+  _globals['_INFORESPONSE']._serialized_end=1575
+  _globals['_ROUTER']._serialized_start=1721
+  _globals['_ROUTER']._serialized_end=1850
 # @@protoc_insertion_point(module_scope)

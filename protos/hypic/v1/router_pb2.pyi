@@ -29,7 +29,7 @@ class Segment(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("segments", "query", "max_tokens", "temperature", "top_k", "seed", "mode", "return_logits", "stop_at_eos", "request_id", "top_p")
+    __slots__ = ("segments", "query", "max_tokens", "temperature", "top_k", "seed", "mode", "return_logits", "stop_at_eos", "request_id", "top_p", "keep_whole")
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class GenerateRequest(_message.Message):
     STOP_AT_EOS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
+    KEEP_WHOLE_FIELD_NUMBER: _ClassVar[int]
     segments: _containers.RepeatedCompositeFieldContainer[Segment]
     query: Segment
     max_tokens: int
@@ -52,7 +53,8 @@ class GenerateRequest(_message.Message):
     stop_at_eos: bool
     request_id: str
     top_p: float
-    def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., query: _Optional[_Union[Segment, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[PrefillMode, str]] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., top_p: _Optional[float] = ...) -> None: ...
+    keep_whole: bool
+    def __init__(self, segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., query: _Optional[_Union[Segment, _Mapping]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., mode: _Optional[_Union[PrefillMode, str]] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., top_p: _Optional[float] = ..., keep_whole: _Optional[bool] = ...) -> None: ...
 
 class SegmentTrace(_message.Message):
     __slots__ = ("index", "source", "worker", "tier", "fetch_s", "build_s", "tokens", "via_nixl")

@@ -263,7 +263,8 @@ def test_error_statuses_and_shape(mesh) -> None:
                        ({"messages": [{"role": "user", "content": [
                            {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
                        ({"hypic": {"segments": []}}, "hypic.segments"),
-                       ({"hypic": {"mode": "bogus"}}, "hypic.mode")):
+                       ({"hypic": {"mode": "bogus"}}, "hypic.mode"),
+                       ({"hypic": {"keep_whole": "yes"}}, "hypic.keep_whole")):
         assert _error(_post(mesh, "/v1/chat/completions", json={**ok, **bad}), 400)["param"] == param
     # neutral values of unsupported parameters are accepted
     r = _post(mesh, "/v1/chat/completions", json={**ok, "n": 1, "frequency_penalty": 0,
@@ -380,6 +381,16 @@ def test_single_message_is_cached_as_one_segment(template) -> None:
     p = chat_prompt({"messages": [{"role": "user", "content": "find dorap"}]}, template)
     ids = template.encode("<q> find dorap <a>")
     assert p.segments == [ids[:-1]] and p.query == [ids[-1]]
+
+
+def test_keep_whole_reaches_the_request_from_both_endpoints(template) -> None:
+    chat = {"messages": [{"role": "system", "content": "d"}, {"role": "user", "content": "q"}]}
+    assert chat_prompt(chat, template).keep_whole is False
+    assert chat_prompt({**chat, "hypic": {"keep_whole": True}}, template).keep_whole is True
+    done = completion_prompt({"prompt": "a # # q", "hypic": {"keep_whole": True}}, template, " # # ")
+    assert done.keep_whole is True and done.segments == ["a"]
+    assert hypic.client.build_request(["a"], "q", keep_whole=True).keep_whole is True
+    assert hypic.client.build_request(["a"], "q").keep_whole is False
 
 
 @pytest.mark.processes

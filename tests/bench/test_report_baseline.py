@@ -1,0 +1,55 @@
+"""bench.report_baseline: every ratio is against the better of full recompute and prefix cache
+at its point, and says which; checked on random results against a plain recomputation, and on
+the committed serve.json (where the baselines trade places)."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from bench.report_baseline import named, vs_best
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+def fake_serve(g: random.Random) -> dict:
+    modes = ("full", "prefix", "additive", "hypic")
+    closed = {s: {"modes": {m: {"ttft_p50_s": g.uniform(0.1, 5)} for m in modes}} for s in ("rag", "agent")}
+    rates = [0.5, 1.0, 2.0]
+    sweep = {"rates": rates, "modes": {m: {"interpolated_qps": g.uniform(0.1, 5), "points": [
+        {"rate": r, "ttft_p90_s": g.uniform(0.1, 9)} for r in rates if g.random() < 0.8]} for m in modes}}
+    return {"closed": closed, "sweep": sweep}
+
+
+def test_ratios_are_against_the_better_baseline(fresh_seed) -> None:
+    g = random.Random(fresh_seed)
+    for _ in range(200):
+        serve = fake_serve(g)
+        v = vs_best(serve)
+        for shape, d in serve["closed"].items():
+            t = {m: d["modes"][m]["ttft_p50_s"] for m in d["modes"]}
+            want = "full" if t["full"] <= t["prefix"] else "prefix"
+            e = v["ttft_p50_per_shape"][shape]
+            assert e["baseline"] == want and abs(e["ratio"] - t[want] / t["hypic"]) < 1e-12
+        q = {m: d["interpolated_qps"] for m, d in serve["sweep"]["modes"].items()}
+        want = "full" if q["full"] >= q["prefix"] else "prefix"
+        assert v["qps_at_slo"]["baseline"] == want
+        assert abs(v["qps_at_slo"]["ratio"] - q["hypic"] / q[want]) < 1e-12
+        for row in v["p90_by_rate"]:
+            p90 = {m: next((p["ttft_p90_s"] for p in d["points"] if p["rate"] == row["rate"]), None)
+                   for m, d in serve["sweep"]["modes"].items()}
+            ran = {m: p90[m] for m in ("full", "prefix") if p90[m] is not None}
+            assert p90["hypic"] is not None and row["value"] == min(ran.values())
+            assert row["baseline"] in ran and ran[row["baseline"]] == row["value"]
+
+
+def test_committed_results_name_full_recompute_where_it_served_more() -> None:
+    serve = json.loads((RESULTS / "serve.json").read_text())
+    v = vs_best(serve)
+    sw = serve["sweep"]["modes"]
+    assert sw["full"]["interpolated_qps"] > sw["prefix"]["interpolated_qps"]
+    assert v["qps_at_slo"]["baseline"] == "full"
+    assert named(v["qps_at_slo"]).endswith("vs full recompute")
+    assert v["qps_at_slo"]["ratio"] < sw["hypic"]["interpolated_qps"] / sw["prefix"]["interpolated_qps"]
+    assert serve["headline"]["vs_best_baseline"] == json.loads(json.dumps(v))
+    assert named(None) == "—"
