@@ -4,128 +4,32 @@
 full (recompute everything), prefix (exact reuse of a cached segment-aligned prefix),
 additive (the ablation: entries concatenated by state addition, no T, no seams; "naive" is its
 old name, still accepted) and hypic.
+
+The package's names load lazily (PEP 562): segcache imports `common.engine.pic.seal` alone, and a
+package __init__ that imported torch and the models would cost its start-up ~20 s for nothing.
 """
 from __future__ import annotations
 
-import time
-from typing import Sequence
+import importlib
+from typing import Any
 
-from common.engine.modes import MODES, parse_mode, seam_for
-from common.engine.pic.entry import (
-    AttentionBody, EntryError, EntryMismatch, LinearBody, SegmentEntry, dtype_name, entry_layout, segment_key,
-)
-from common.engine.pic.prefix import PrefixCache, chain_keys, forward_segments
-from common.engine.pic.protocol import PicEngine
-from common.engine.pic.build import BuildCancelled, build_entry
-from common.engine.pic.reuse import compose_run, compose_segment, prefill_layer_major, prefill_segment_major
-from common.engine.state import ModelState, PrefillOutput
-
-__all__ = [
-    "MODES", "AttentionBody", "BuildCancelled", "EntryError", "EntryMismatch", "LinearBody", "PicEngine", "PrefixCache",
-    "SegmentEntry", "build_entry", "compose_run", "compose_segment", "prefill_layer_major", "prefill_segment_major",
-    "prefill_segments", "segment_key",
-]
+_HOME = {
+    "MODES": "common.engine.modes",
+    "AttentionBody": "common.engine.pic.entry", "EntryError": "common.engine.pic.entry",
+    "EntryMismatch": "common.engine.pic.entry", "LinearBody": "common.engine.pic.entry",
+    "SegmentEntry": "common.engine.pic.entry", "segment_key": "common.engine.pic.entry",
+    "PicEngine": "common.engine.pic.protocol", "PrefixCache": "common.engine.pic.prefix",
+    "BuildCancelled": "common.engine.pic.build", "build_entry": "common.engine.pic.build",
+    "compose_run": "common.engine.pic.reuse", "compose_segment": "common.engine.pic.reuse",
+    "prefill_layer_major": "common.engine.pic.reuse", "prefill_segment_major": "common.engine.pic.reuse",
+    "prefill_segments": "common.engine.pic.prefill", "validate": "common.engine.pic.prefill",
+}
+__all__ = sorted(_HOME)
 
 
-def validate(engine: PicEngine, segments, query, entries, mode: str, seam: int) -> tuple[str, list[list[int]], list[int]]:
-    """(canonical mode, checked segments, checked query); ValueError / EntryMismatch on bad input."""
-    mode = parse_mode(mode)
-    if not isinstance(seam, int) or seam < 0:
-        raise ValueError(f"seam width must be an int >= 0, got {seam!r}")
-    if not segments:
-        raise ValueError("no segments")
-    segs = []
-    for i, s in enumerate(segments):
-        if len(s) == 0:
-            raise ValueError(f"segment {i} is empty")
-        segs.append(engine.check_tokens(s))
-    if not query:
-        raise ValueError("empty query: the next-token logits come from the query's last token")
-    q = engine.check_tokens(query)
-    if entries is not None:
-        _check_entries(engine, entries, segs, seam_for(mode, seam))
-    return mode, segs, q
-
-
-def _check_entries(engine: PicEngine, entries, segs: list[list[int]], seam: int) -> None:
-    if len(entries) != len(segs):
-        raise ValueError(f"{len(entries)} entries for {len(segs)} segments")
-    layout = entry_layout(engine.model)
-    for i, (e, s) in enumerate(zip(entries, segs)):
-        if e is None:
-            continue
-        if not isinstance(e, SegmentEntry):
-            raise ValueError(f"entry {i} is a {type(e).__name__}, not a SegmentEntry")
-        try:
-            e.check(s, seam=seam, fingerprint=engine.fingerprint, dtype=engine.dtype, layout=layout)
-        except EntryMismatch as err:
-            raise EntryMismatch(f"entry {i}: {err}") from None
-
-
-def prefill_segments(engine: PicEngine, segments: Sequence[Sequence[int]], query: Sequence[int],
-                     entries: Sequence[SegmentEntry | None] | None = None, mode: str = "hypic", seam: int = 8,
-                     order: str = "segment") -> PrefillOutput:
-    """See HybridEngine.prefill_segments."""
-    mode, segs, q = validate(engine, segments, query, entries, mode, seam)
-    if order not in ("segment", "layer"):
-        raise ValueError(f"order must be 'segment' or 'layer', got {order!r}")
-    t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-    extra: dict = {"mode": mode, "timings": timings}
-    if mode == "full":
-        out = engine.prefill([t for s in segs for t in s] + q)
-    elif mode == "prefix":
-        out = _query(engine, q, _prefix_state(engine, segs, extra))
-    else:
-        out = _query(engine, q, _reuse_state(engine, segs, entries, mode, seam_for(mode, seam), order, extra))
-    timings["total_s"] = time.perf_counter() - t0
-    out.extra.update(extra)
-    return out
-
-
-def _prefix_state(engine: PicEngine, segs: list[list[int]], extra: dict) -> ModelState:
-    """State after `segs` from the longest cached segment-aligned prefix; caches every boundary."""
-    keys = chain_keys(engine.fingerprint, dtype_name(engine.dtype), segs)
-    state, reused = None, 0
-    for j in range(len(segs) - 1, -1, -1):
-        hit = engine.prefix_cache.get(keys[j])
-        if hit is not None:
-            state, reused = hit, j + 1
-            break
-    if reused < len(segs):  # the uncached segments in one pass, a state kept at each end
-        for j, st in enumerate(forward_segments(engine, segs[reused:], state), start=reused):
-            engine.prefix_cache.put(keys[j], st)
-            state = st
-    extra["reused_segments"] = reused
-    return state
-
-
-def _reuse_state(engine: PicEngine, segs: list[list[int]], entries, mode: str, seam: int, order: str,
-                 extra: dict) -> ModelState:
-    """State after `segs` composed from entries (built now where missing): hypic or additive."""
-    timings = extra["timings"]
-    t_build = time.perf_counter()
-    built, full_entries = [], []
-    for i, s in enumerate(segs):
-        e = entries[i] if entries is not None else None
-        if e is None:
-            e = build_entry(engine, s, seam)
-            built.append(i)
-        full_entries.append(e)
-    timings["build_s"] = time.perf_counter() - t_build
-    t_comp = time.perf_counter()
-    if mode == "additive":
-        state = prefill_segment_major(engine, full_entries, additive=True)
-    elif order == "layer":
-        state = prefill_layer_major(engine, full_entries)
-    else:
-        state = prefill_segment_major(engine, full_entries)
-    timings["compose_s"] = time.perf_counter() - t_comp
-    extra["entries"] = full_entries
-    extra["built"] = built
-    return state
-
-
-def _query(engine: PicEngine, q: list[int], state: ModelState) -> PrefillOutput:
-    _, logits, state = engine.forward(q, state)
-    return PrefillOutput(logits=logits[-1], state=state)
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
