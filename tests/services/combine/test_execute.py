@@ -41,7 +41,7 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     # the request id travelled combine -> scatter (metadata and BuildRequest)
     assert '"request_id": "rid-cold-mesh"' in mesh.scatter.log()
 
-    warm_plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE, segcache="")  # combine's default
+    warm_plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE)  # the live member
     warm = arun(execute(mesh.combine.target, warm_plan))
     assert_matches(warm, ref_logits, ref_tokens, len(segs))
     assert warm.sources() == [combine_pb.SOURCE_SEGCACHE] * 3
