@@ -70,6 +70,13 @@ async def serve(cfg: FrontConfig) -> int:
     # uvicorn logs through our root handler (log_config=None): its lifecycle lines (uvicorn.error)
     # at the libraries' level, its access log (one line per request) at ours.
     logging.getLogger("uvicorn.access").setLevel(level_number(cfg.log_level))
+    try:  # as every service: an unreadable certificate, key or CA stops the start, said once
+        for path in (cfg.tls_cert, cfg.tls_key, cfg.tls_ca, cfg.router_tls_ca):
+            if path is not None:
+                path.read_bytes()
+    except OSError as e:
+        log.error("cannot load credentials", error=str(e))
+        return 1
     try:
         sock = bind(cfg.host, cfg.port)
     except OSError as e:

@@ -14,7 +14,6 @@ import ssl
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import httpx
 import openai
@@ -138,16 +137,3 @@ def test_front_refuses_without_certificate_key_or_tls(up, api_key) -> None:
                           "-H", f"Authorization: Bearer {api_key}", up["front"] + "/v1/models"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0, "curl without a client certificate gets no answer"
-
-
-def test_front_https_needs_its_certificate(tmp_path: Path) -> None:
-    from common.mesh.config import ConfigError, load_config
-    from services.front.config import ENV_PREFIX, FrontConfig
-
-    with pytest.raises(ConfigError):
-        load_config(FrontConfig, ["--https"], env_prefix=ENV_PREFIX, env={})
-    cfg = load_config(FrontConfig, ["--https", "--tls-cert", "c.pem", "--tls-key", "k.pem",
-                                    "--tls-ca", "ca.pem"], env_prefix=ENV_PREFIX, env={})
-    assert cfg.mutual_tls and cfg.routers_ca == Path("ca.pem")
-    cfg = load_config(FrontConfig, ["--router-tls-ca", "r.pem"], env_prefix=ENV_PREFIX, env={})
-    assert not cfg.https and cfg.routers_ca == Path("r.pem")
