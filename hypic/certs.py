@@ -4,7 +4,7 @@
     certs.ca, certs.cert("scatter"), certs.key("scatter")
 
 One certificate per role, its subject common name the role ("segcache", "scatter", "combine",
-"router", "client"): segcache grants the writer role by that name (scatter, combine). Every
+"router", "front", "client"): segcache grants the writer role by that name (scatter, combine). Every
 certificate is valid for the role's own host name, localhost and 127.0.0.1 (plus `extra_hosts`,
 e.g. compose service names), for both server and client authentication, for `days` days. The CA
 key is written beside them: whoever can read the directory can mint identities, so it is for a
@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-ROLES = ("segcache", "scatter", "combine", "router", "client")
+ROLES = ("segcache", "scatter", "combine", "router", "front", "client")
 
 
 @dataclass(frozen=True)

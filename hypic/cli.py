@@ -336,8 +336,9 @@ def _add_up_parser(sub: Any) -> None:
     up.add_argument("--start-timeout", type=float, default=180.0, help="seconds")
     up.add_argument("--json", action="store_true", help="print every address as JSON")
     up.add_argument("--tls", action="store_true", help="mutual TLS everywhere with a throwaway "
-                    "CA made in DATA_DIR/tls (the client certificate is printed)")
-    up.add_argument("--api-key", default=None, help="the router then requires this bearer key")
+                    "CA made in DATA_DIR/tls, the front on HTTPS (the client certificate is printed)")
+    up.add_argument("--api-key", default=None,
+                    help="the router and the front then require this bearer key")
     up.add_argument("--entry-key-file", default=None,
                     help="the mesh's entry seal key (common/engine/pic/seal.py); default: one made once "
                     "in DATA_DIR/entry.key and shared by every service of the mesh")

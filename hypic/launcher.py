@@ -85,7 +85,10 @@ class Mesh:
         front: also start the OpenAI-compatible HTTP front (services.front) on front_port.
         extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}.
         tls: mutual TLS everywhere, with a throwaway CA made in data_dir/tls (hypic/certs.py);
-        `client_credentials` is then what an SDK client needs (the "client" certificate).
+        `client_credentials` is then what an SDK client needs (the "client" certificate); the
+        front serves HTTPS (mutual) and is an mTLS client of the router (the "front" certificate).
+        env HYPIC_ROUTER_API_KEY (`hypic up --api-key`): the router's key, which the front then
+        both shows to the router and asks of its own clients.
         entry_key_file: the entry seal key of every service (default: made once in
         data_dir/entry.key); a mesh never runs without one.
         on_ready(name, service, seconds since start): called as each service becomes ready
@@ -181,8 +184,9 @@ class Mesh:
 
     @property
     def front_url(self) -> str:
-        """http://host:port of the OpenAI-compatible front (its API is under /v1)."""
-        return f"http://{self.services['front'].address}"
+        """http://host:port of the OpenAI-compatible front (its API is under /v1); https:// with
+        tls (mutual: clients show a certificate of the mesh CA, e.g. `client_credentials`'s)."""
+        return f"{'https' if self.tls else 'http'}://{self.services['front'].address}"
 
     @staticmethod
     def segcache_name(i: int) -> str:
@@ -257,13 +261,20 @@ class Mesh:
                 args += ["--scatter-addresses", ",".join(scatter)]
             return args
         if kind == "front":
-            return ["--model", str(self.model), "--router-addresses", router]
+            # with tls: HTTPS for its clients, and the "front" certificate shown to the router
+            return ["--model", str(self.model), "--router-addresses", router] + (
+                ["--https"] if self.tls else [])
         raise ValueError(f"unknown service kind {kind!r}")
 
     def _service(self, name: str, kind: str, args: list[str], gpu: str | None = None) -> Service:
         env = dict(self.env)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        if kind == "front" and env.get("HYPIC_ROUTER_API_KEY"):
+            # the router's key (`hypic up --api-key`): the front shows it to the router and asks
+            # its own clients for it, so no door of the mesh is open without the key
+            env.setdefault("HYPIC_FRONTEND_ROUTER_API_KEY", env["HYPIC_ROUTER_API_KEY"])
+            env.setdefault("HYPIC_FRONTEND_API_KEY", env["HYPIC_ROUTER_API_KEY"])
         args = args + self.extra_args.get(kind, []) + (
             self.extra_args.get(name, []) if name != kind else [])
         if self.certs is not None:

@@ -137,7 +137,7 @@ class Service:
     def answers(self, timeout: float = 1.0) -> bool:
         """The health probe: grpc.health.v1 SERVING, or for the HTTP front GET /health 200."""
         if self.kind == "front":
-            return http_check(self.address, timeout)
+            return http_check(self.address, timeout, credentials=self.credentials)
         return check(self.address, timeout=timeout, credentials=self.credentials)
 
     def signal(self, sig: int) -> None:

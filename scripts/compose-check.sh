@@ -95,7 +95,7 @@ ls docker/local/wheels/torch-2.13.0+cpu-* >/dev/null 2>&1 \
 
 # ---- 3. secrets -----------------------------------------------------------------------------------
 mkdir -p secrets
-[ -f secrets/ca.pem ] || "$PY" -m hypic certs --out secrets --names segcache,scatter,combine,router
+[ -f secrets/front.pem ] || "$PY" -m hypic certs --out secrets --names segcache,scatter,combine,router,front
 [ -f secrets/api-key ] || "$PY" -c "import secrets; print(secrets.token_hex(24))" > secrets/api-key
 [ -f secrets/entry-key ] || "$PY" -c "import secrets; print(secrets.token_hex(32))" > secrets/entry-key
 chmod 0644 secrets/*   # the services run as uid 10001 and read them from /run/secrets

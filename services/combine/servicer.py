@@ -33,6 +33,7 @@ from common.mesh.abort import Abort
 from common.mesh.checks import WorkerModel, check_plan
 from common.mesh.guard import internal_details
 from common.mesh.log import new_request_id, sanitize_request_id
+from common.mesh.segcache_ring import parse_addresses
 from protos.hypic.v1 import combine_pb2 as combine_pb
 from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
 from protos.hypic.v1 import router_pb2 as router_pb
@@ -118,6 +119,20 @@ def eos_token_ids(engine: Any, model_dir: Path) -> set[int]:
     return found
 
 
+def planned_segcache(planned: str, configured: str | None) -> str | None:
+    """The segcache instances a plan may use: those it names when each is a member combine knows
+    (its --segcache-address ring, spelled the same), else INVALID_ARGUMENT: a plan does not choose
+    where combine connects, and presents its writer certificate. A plan naming none: the ring."""
+    if not planned.strip():
+        return configured
+    known = set(parse_addresses(configured))
+    unknown = [a for a in parse_addresses(planned) if a not in known]
+    if unknown:
+        raise Abort.invalid(f"plan names segcache {', '.join(unknown)[:200]}, not a member this combine "
+                            f"knows ({len(known)} configured with --segcache-address)")
+    return planned
+
+
 class CombineServicer(combine_grpc.CombineServicer):
     def __init__(self, cfg: CombineConfig, engine: HybridEngine):
         self.cfg = cfg
@@ -151,7 +166,7 @@ class CombineServicer(combine_grpc.CombineServicer):
             deadline=Deadline(remaining if remaining is not None else self.cfg.default_timeout_s),
             seam=checked.seam, dtype=self.dtype,
             scatter_addresses=list(plan.scatter_addresses),
-            segcache_address=plan.segcache_address or self.cfg.segcache_address,
+            segcache_address=planned_segcache(plan.segcache_address, self.cfg.segcache_address),
             store=plan.store_entries,
             segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == combine_pb.SOURCE_SEGCACHE],
             secret=self.secret)

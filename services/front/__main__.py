@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+import ssl
 import sys
 
 from common.mesh.config import ConfigError, describe, load_config
@@ -29,6 +30,18 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
+
+
+def https_options(cfg: FrontConfig) -> dict:
+    """uvicorn's TLS settings: none without --https; with it the front's certificate, and the
+    clients' certificates checked against --tls-ca (required under mutual TLS)."""
+    if not cfg.https:
+        return {}
+    opts = {"ssl_certfile": str(cfg.tls_cert), "ssl_keyfile": str(cfg.tls_key)}
+    if cfg.tls_ca is not None:
+        opts["ssl_ca_certs"] = str(cfg.tls_ca)
+        opts["ssl_cert_reqs"] = ssl.CERT_REQUIRED if cfg.mutual_tls else ssl.CERT_OPTIONAL
+    return opts
 
 
 async def serve(cfg: FrontConfig) -> int:
@@ -57,6 +70,13 @@ async def serve(cfg: FrontConfig) -> int:
     # uvicorn logs through our root handler (log_config=None): its lifecycle lines (uvicorn.error)
     # at the libraries' level, its access log (one line per request) at ours.
     logging.getLogger("uvicorn.access").setLevel(level_number(cfg.log_level))
+    try:  # as every service: an unreadable certificate, key or CA stops the start, said once
+        for path in (cfg.tls_cert, cfg.tls_key, cfg.tls_ca, cfg.router_tls_ca):
+            if path is not None:
+                path.read_bytes()
+    except OSError as e:
+        log.error("cannot load credentials", error=str(e))
+        return 1
     try:
         sock = bind(cfg.host, cfg.port)
     except OSError as e:
@@ -66,16 +86,18 @@ async def serve(cfg: FrontConfig) -> int:
     app = create_app(cfg, template)
     server = Server(uvicorn.Config(
         app, log_config=None, access_log=cfg.access_log, lifespan="on",
-        timeout_graceful_shutdown=int(max(1, cfg.grace_s))))
+        timeout_graceful_shutdown=int(max(1, cfg.grace_s)), **https_options(cfg)))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.02)
     if task.done():
         return 1
     write_port_file(cfg.port_file, port=port, pid=os.getpid(), model=cfg.model_name)
+    scheme = "https" if cfg.https else "http"
     log.info("serving", host=cfg.host, port=port, model=cfg.model_name, routers=cfg.routers,
              chat_template=template.has_template, auth=bool(cfg.api_key),
-             metrics=f"http://{cfg.host}:{port}/metrics")
+             https=("mutual" if cfg.mutual_tls else "tls") if cfg.https else "off",
+             routers_tls=cfg.routers_ca is not None, metrics=f"{scheme}://{cfg.host}:{port}/metrics")
     stop = asyncio.create_task(wait_for_shutdown_signal())
     await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
     if stop.done():

@@ -70,8 +70,8 @@ class Front:
     def __init__(self, cfg: FrontConfig, template: ChatTemplate):
         self.cfg = cfg
         self.template = template
-        self.pool = RouterPool(cfg.routers, cfg.request_timeout_s, cfg.router_tls_ca,
-                               read_secret(cfg.router_api_key))
+        self.pool = RouterPool(cfg.routers, cfg.request_timeout_s, cfg.routers_ca,
+                               read_secret(cfg.router_api_key), cfg.tls_cert, cfg.tls_key)
         self.eos_ids = template.eos_ids()
         self.in_flight = 0
         self.card = model_card(cfg.model)  # the bundled model's "a toy" line for /v1/models

@@ -3,6 +3,12 @@
 Flags are `--field-name`, environment variables `HYPIC_FRONTEND_FIELD_NAME`; flag > env > default
 (common.mesh.config). `--router-addresses` is comma-separated; requests go round-robin, the next
 router when one is unreachable.
+
+TLS (docs/security.md), the fields every service has (common.mesh.tls.TlsConfig, shared
+`HYPIC_TLS_*` variables): `--tls-cert/--tls-key` is the front's certificate, presented to the
+routers (a mutual-TLS client, as any mesh member) and, with `--https`, served to HTTP clients;
+`--tls-ca` verifies the routers and, with `--https`, the HTTP clients' certificates (required
+unless `--no-tls-require-client-cert`). `--router-tls-ca` overrides the CA for the routers only.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Optional
 
 from common.engine import modes
 from common.mesh.fields import field_help
+from common.mesh.tls import TlsConfig
 
 ENV_PREFIX = "HYPIC_FRONTEND_"
 MODE_NAMES = (*modes.MODES, *modes.ALIASES)  # canonical names, and "naive" (additive's old name)
@@ -21,7 +28,7 @@ MODE_NAMES = (*modes.MODES, *modes.ALIASES)  # canonical names, and "naive" (add
 
 
 @dataclass
-class FrontConfig:
+class FrontConfig(TlsConfig):
     """OpenAI-compatible HTTP front of the Hypic routers."""
 
     # --- model ---------------------------------------------------------------------------
@@ -38,8 +45,12 @@ class FrontConfig:
         "router host:port list, comma-separated"))
     api_key: str = field(default="", metadata=field_help(
         "when set, every /v1 request needs 'Authorization: Bearer <key>' (else 401)"))
+    https: bool = field(default=False, metadata=field_help(
+        "serve HTTPS with --tls-cert/--tls-key (clients then need a certificate signed by --tls-ca "
+        "when one is given, unless --no-tls-require-client-cert)"))
     router_tls_ca: Optional[Path] = field(default=None, metadata=field_help(
-        "PEM CA that signed the routers' certificate: reach them over TLS (else plaintext)"))
+        "PEM CA that signed the routers' certificate (default: --tls-ca): reach them over TLS "
+        "(neither: plaintext)"))
     router_api_key: str = field(default="", metadata=field_help(
         "bearer token the routers require (their --api-key; '@FILE' reads it from a file)"))
     # --- request handling ----------------------------------------------------------------
@@ -60,6 +71,11 @@ class FrontConfig:
         "one log line per HTTP request (uvicorn's access log, rendered like every other line)"))
 
     def __post_init__(self) -> None:
+        self.check_tls()
+        if self.https and not self.tls_on:
+            raise ValueError("--https needs --tls-cert and --tls-key")
+        if self.router_tls_ca is not None:
+            self.router_tls_ca = Path(self.router_tls_ca)
         self.model = Path(self.model)
         if self.port_file is not None:
             self.port_file = Path(self.port_file)
@@ -81,6 +97,11 @@ class FrontConfig:
     @property
     def routers(self) -> list[str]:
         return [a.strip() for a in (self.router_addresses or "").split(",") if a.strip()]
+
+    @property
+    def routers_ca(self) -> Optional[Path]:
+        """The CA the routers' certificates are checked against (None: plaintext to them)."""
+        return self.router_tls_ca or self.tls_ca
 
     @property
     def model_name(self) -> str:

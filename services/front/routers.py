@@ -10,11 +10,16 @@ from hypic import errors
 
 
 class RouterPool:
-    def __init__(self, addresses: list[str], timeout_s: float, tls_ca=None, api_key: str = ""):
+    def __init__(self, addresses: list[str], timeout_s: float, tls_ca=None, api_key: str = "",
+                 tls_cert=None, tls_key=None):
         self.addresses = addresses
         self.timeout_s = timeout_s
-        # the front is the routers' client: TLS and the API key as any SDK user passes them
-        self.credentials = hypic.Credentials(tls=tls_ca is not None, tls_ca=tls_ca, api_key=api_key or None)
+        # the front is the routers' client: TLS, its certificate (for routers that require one:
+        # mutual TLS) and the API key as any SDK user passes them
+        secure = tls_ca is not None
+        self.credentials = hypic.Credentials(
+            tls=secure, tls_ca=tls_ca, tls_cert=tls_cert if secure else None,
+            tls_key=tls_key if secure else None, api_key=api_key or None)
         self.clients: list[hypic.AsyncClient] = []
         self._next = 0
 

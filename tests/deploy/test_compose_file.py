@@ -234,7 +234,7 @@ def test_addresses_and_ports_agree(compose, configs) -> None:
         assert importlib.util.find_spec("hypic.healthcheck") is not None
         assert split(test[4]) == ("127.0.0.1", cfg.port), (n, test)
         assert all(a in ("--quiet", "-q", "--service", "--timeout") or not a.startswith("-")
-                   for a in test[5:] if a != "--http")
+                   for a in test[5:] if a not in ("--http", "--https"))
         assert ("--http" in test) == (k == "front"), f"{n}: HTTP probe only for the front"
         for dep in services[n].get("depends_on") or {}:
             assert dep in services, f"{n} depends on unknown {dep}"
@@ -298,12 +298,15 @@ def test_mutual_tls_and_keys_come_from_declared_secrets(compose, configs) -> Non
         mounted = {f"/run/secrets/{m['target']}": m["source"] for m in compose["services"][name]["secrets"]}
         for m in mounted.values():
             assert m in declared, f"{name}: secret {m} is not declared"
-        if kind == "front":  # HTTP; a client of the router: its CA and API key from secrets
-            assert str(cfg.router_tls_ca) in mounted and cfg.router_api_key[1:] in mounted
-            continue
         for path in (cfg.tls_cert, cfg.tls_key, cfg.tls_ca):
             assert str(path) in mounted, f"{name}: {path} is not a mounted secret"
         assert "key" in mounted[str(cfg.tls_key)] and "cert" in mounted[str(cfg.tls_cert)]
+        if kind == "front":  # HTTPS; an mTLS client of the router (its own identity) with the API key
+            assert cfg.https and str(cfg.routers_ca) in mounted and cfg.router_api_key[1:] in mounted
+            assert mounted[str(cfg.tls_cert)] == "front-cert", f"{name}: not the front's identity"
+            test = compose["services"][name]["healthcheck"]["test"]
+            assert "--https" in test, f"{name}: its healthcheck speaks plain HTTP to an HTTPS port"
+            continue
         if kind == "segcache":
             assert cfg.mutual_tls and set(cfg.writer_names.split(",")) == {"scatter", "combine"}
         if kind in ("scatter", "combine"):

@@ -41,7 +41,7 @@ GRPC_SERVICES = {"segcache": "hypic.v1.Segcache", "scatter": "hypic.v1.Scatter",
 HTTP_SERVICES = {"front"}
 # Files the kustomization's secretGenerator reads besides what `hypic certs` writes (docs/deploy.md).
 HAND_MADE_SECRET_FILES = {"entry.key", "api-key", "front-api-key"}
-CERT_NAMES = ("segcache", "scatter", "combine", "router")
+CERT_NAMES = ("segcache", "scatter", "combine", "router", "front")
 
 
 @pytest.fixture(scope="module")
@@ -279,13 +279,15 @@ def test_the_front_is_there(objects) -> None:
     cfg = loaded_config(c, "front")
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["http"] == cfg.port and cfg.host == "0.0.0.0"
-    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTPS"}
     for probe in ("livenessProbe", "startupProbe"):
-        assert c[probe]["httpGet"]["port"] == "http"
+        assert c[probe]["httpGet"]["port"] == "http" and c[probe]["httpGet"]["scheme"] == "HTTPS"
     annotations = dep["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(cfg.port) and annotations["prometheus.io/path"] == "/metrics"
     assert dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= cfg.grace_s + 5
-    assert cfg.router_tls_ca is not None and cfg.router_api_key.startswith("@"), "TLS and the key to the routers"
+    assert cfg.routers_ca is not None and cfg.router_api_key.startswith("@"), "TLS and the key to the routers"
+    # HTTPS with its own certificate, which it also shows to the routers (mutual TLS)
+    assert cfg.https and cfg.tls_on and annotations.get("prometheus.io/scheme") == "https"
     svc = of_kind(objects, "Service")["front"]
     assert [p["port"] for p in svc["spec"]["ports"]] == [cfg.port]
 
@@ -376,7 +378,10 @@ def test_services_talk_mutual_tls_and_only_workers_write(kustomization, objects)
     secrets = generated_secrets(kustomization)
     cfgs, files = {}, {}
     for name, dep, c, kind in hypic_containers(objects):
-        if kind in HTTP_SERVICES:
+        if kind in HTTP_SERVICES:  # the front: HTTPS, and a client of the routers as CN=front
+            cfg = loaded_config(c, kind)
+            secret, _ = mounted_files(dep["spec"]["template"]["spec"], c, secrets)[str(cfg.tls_cert)]
+            assert secrets[secret]["tls.crt"] == "secrets/front.pem", f"{name} presents {secret}"
             continue
         cfg = cfgs[kind] = loaded_config(c, kind)
         files[kind] = mounted_files(dep["spec"]["template"]["spec"], c, secrets)

@@ -208,15 +208,23 @@ def test_launcher_flags_match_service_configs(tmp_path) -> None:
     from common.mesh.config import load_config
     from tests.support.service_configs import config_flags, service_config
 
-    m = Mesh(tmp_path / "model", tmp_path / "data", n_scatter=2, threads=1)
-    for kind in ("segcache", "scatter", "combine", "router"):
-        args = m.service_args(kind, segcache="127.0.0.1:1", scatter=["127.0.0.1:2"],
-                              combine=["127.0.0.1:3"])
-        args += ["--host", "127.0.0.1", "--port", "0", "--port-file", str(tmp_path / "p.json")]
-        flags = config_flags(kind)
-        assert [a for a in args if a.startswith("--") and a not in flags] == [], kind
-        cls, prefix = service_config(kind)
-        load_config(cls, args, env={}, env_prefix=prefix)
+    from hypic.certs import MeshCerts
+
+    for tls in (False, True):  # `hypic up --tls`: every service, the front included, gets TLS flags
+        m = Mesh(tmp_path / "model", tmp_path / "data", n_scatter=2, threads=1, tls=tls)
+        m.certs = MeshCerts(tmp_path / "tls") if tls else None  # what start() makes
+        for kind in ("segcache", "scatter", "combine", "router", "front"):
+            args = m.service_args(kind, segcache="127.0.0.1:1", scatter=["127.0.0.1:2"],
+                                  combine=["127.0.0.1:3"], router="127.0.0.1:4")
+            args = (m.certs.flags(kind) if tls else []) + args
+            args += ["--host", "127.0.0.1", "--port", "0", "--port-file", str(tmp_path / "p.json")]
+            flags = config_flags(kind)
+            assert [a for a in args if a.startswith("--") and a not in flags] == [], (kind, tls)
+            cls, prefix = service_config(kind)
+            cfg = load_config(cls, args, env={}, env_prefix=prefix)
+            assert cfg.tls_on == tls, (kind, tls)
+            if kind == "front":
+                assert cfg.https == tls and cfg.mutual_tls == tls
 
 
 # ---- the whole mesh (segcache, scatter, combine, router) -------------------------------------

@@ -157,9 +157,10 @@ def mesh(request, workdir):
         # scatter and combine load the model at the same time
         m.scatter = m.start("scatter", "services.scatter", "--model", str(model_dir), "--threads", "1",
                             "--segcache-address", m.segcache.target, "--entry-key-file", str(key_file))
-        # combine: the default segcache (plans may leave it out), NIXL for every size of hit
+        # combine: its segcache ring (plans may name only its members): the live instance and a
+        # member that refuses (the fallback tests' failing segcache); NIXL for every size of hit
         m.combine = m.start("combine", "services.combine", "--model", str(model_dir), "--threads", "1",
-                            "--metrics-port", "0", "--segcache-address", m.segcache.target,
+                            "--metrics-port", "0", "--segcache-address", f"{m.segcache.target},{m.dead}",
                             "--nixl-min-bytes", "0", "--entry-key-file", str(key_file))
         m.scatter.wait()
         m.combine.wait()

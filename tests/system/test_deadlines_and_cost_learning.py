@@ -22,7 +22,7 @@ import pytest
 
 import hypic
 from common.engine.fingerprint import model_fingerprint, segment_key
-from hypic.launcher import Mesh
+from hypic.launcher import Mesh, free_port
 from protos.hypic.v1 import combine_pb2 as combine_pb
 from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
 from protos.hypic.v1 import router_pb2 as router_pb
@@ -33,11 +33,22 @@ pytestmark = [pytest.mark.timeout(400), pytest.mark.processes]
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
+def hanging_segcache():
+    """A segcache member that hangs, known to combine (a plan may name only members it knows)."""
+    peer = HangingPeer()
+    yield peer
+    peer.close()
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory, hanging_segcache):
     base = tmp_path_factory.mktemp("guards-mesh")
     model = save_tiny("qwen3_5_text", base / "model", seed=7, **PIC_CONFIGS["qwen3_5_text"])
+    seg_port = free_port()
+    ring = f"127.0.0.1:{seg_port},{hanging_segcache.address}"  # the router's plans name the first only
     with Mesh(model, base / "data", n_scatter=1, threads=1, seam=SEAM, start_timeout_s=240,
-              extra_args={"router": ["--metrics-port", "0"]}) as m:
+              segcache_port=seg_port, extra_args={"router": ["--metrics-port", "0"],
+                                                  "combine": ["--segcache-address", ring]}) as m:
         yield m
     assert m.exit_codes and all(c == 0 for c in m.exit_codes.values()), m.exit_codes
 
@@ -64,6 +75,8 @@ class HangingPeer:
 
     def service(self, details):  # grpc.GenericRpcHandler
         method = details.method
+        if method.endswith("/NixlInfo"):  # combine's start-up probe of a segcache member: no NIXL
+            return None
         if method.endswith(("/Build", "/Get")):  # server streaming
             def stream(request, context):
                 self._hang(method, context)
@@ -113,8 +126,8 @@ def execute(address: str, p: combine_pb.Plan, timeout_s: float) -> tuple[grpc.St
 
 
 @pytest.mark.parametrize("peer_role", ["scatter", "segcache"])
-def test_combine_passes_the_callers_remaining_time_downstream(mesh, hanging_peer, peer_role,
-                                                             fresh_seed) -> None:
+def test_combine_passes_the_callers_remaining_time_downstream(mesh, hanging_peer, hanging_segcache,
+                                                             peer_role, fresh_seed) -> None:
     g = random.Random(fresh_seed)
     segs = [[g.randrange(1, 500) for _ in range(n)] for n in (30, 12)]
     if peer_role == "scatter":  # misses go to a scatter worker that hangs
@@ -123,14 +136,15 @@ def test_combine_passes_the_callers_remaining_time_downstream(mesh, hanging_peer
         watched = {"Build"}
     else:  # planned hits, from a segcache that hangs (and a hanging scatter for the rebuild)
         p = plan(mesh, segs, [3, 4], combine_pb.SOURCE_SEGCACHE, scatter=hanging_peer.address,
-                 segcache=hanging_peer.address)
+                 segcache=hanging_segcache.address)
         watched = {"Lookup", "Get", "Build"}  # (NixlInfo: a background probe, no request's)
     caller_s = 5.0  # under combine's own caps (segcache_timeout_s 10, default 300); room to connect
     code, took = execute(mesh.addresses["combine0"], p, caller_s)
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED, code
     assert took < caller_s + 3.0  # promptly: not combine's own 10 s / 300 s
-    seen = {m: ts for m, ts in hanging_peer.methods().items() if m in watched}
-    assert seen, hanging_peer.methods()
+    calls = {**hanging_segcache.methods(), **hanging_peer.methods()}  # Lookup/Get, Build
+    seen = {m: ts for m, ts in calls.items() if m in watched}
+    assert seen, calls
     for m, ts in seen.items():
         for t in ts:
             # 50 ms of slack: the grpc-timeout header is rounded up to its unit (the mutant hands on 10 s+)

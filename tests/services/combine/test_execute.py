@@ -41,7 +41,7 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
     # the request id travelled combine -> scatter (metadata and BuildRequest)
     assert '"request_id": "rid-cold-mesh"' in mesh.scatter.log()
 
-    warm_plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE, segcache="")  # combine's default
+    warm_plan = make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE)  # the live member
     warm = arun(execute(mesh.combine.target, warm_plan))
     assert_matches(warm, ref_logits, ref_tokens, len(segs))
     assert warm.sources() == [combine_pb.SOURCE_SEGCACHE] * 3
@@ -89,6 +89,7 @@ def test_combine_warm_plan_composes_layer_major(mesh, engine, model_dir):
     # the same model, always segment-major; it loads while the cold request runs
     seg_worker = mesh.start("combine-segment", "services.combine", "--model", str(model_dir),
                             "--threads", "1", "--compose-order", "segment",
+                            "--segcache-address", mesh.segcache.target,  # the member plans name
                             "--entry-key-file", str(mesh.tmp / "entry.key"))
     layer0, mixed0, segment0 = compositions(mesh.combine)
     cold = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER)))
@@ -222,6 +223,7 @@ def test_combine_composes_arrived_runs_equal_to_segment_major(mesh, engine, mode
     rng = random.Random(fresh_seed)
     seg_worker = mesh.start("combine-runs-ref", "services.combine", "--model", str(model_dir),
                             "--threads", "1", "--compose-order", "segment",
+                            "--segcache-address", mesh.segcache.target,  # the member plans name
                             "--entry-key-file", str(mesh.tmp / "entry.key"))
     lengths = [rng.choice([3, 7, 9, 13]) if rng.random() < 0.3 else rng.randint(15, 70) for _ in range(7)]
     segs, query = prompt(fresh_seed % 100_000 + 1000, lengths)
