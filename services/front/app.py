@@ -241,10 +241,11 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
             if not hmac.compare_digest(given.encode(), b"Bearer " + key):
                 response: Response = ApiError(401, "missing or wrong API key (Authorization: "
                                                    "Bearer <key>)", code="invalid_api_key").response()
-                m.HTTP.labels(path, "401").inc()
+                # No label takes a value from an unauthenticated request (issue 30).
+                m.HTTP.labels(m.UNAUTHENTICATED, "401").inc()
                 return response
         response = await call_next(request)
-        m.HTTP.labels(path if path in KNOWN_PATHS else "other", str(response.status_code)).inc()
+        m.HTTP.labels(m.endpoint_label(path), m.status_label(response.status_code)).inc()
         return response
 
     @app.exception_handler(ApiError)
@@ -277,5 +278,3 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
 
     return app
 
-
-KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
