@@ -16,7 +16,7 @@ import socket
 import sys
 
 from common.mesh.config import ConfigError, describe, load_config
-from common.mesh.log import adopt_library_loggers, level_number, setup_logging
+from common.mesh.log import OncePerMessage, adopt_library_loggers, level_number, setup_logging
 from common.mesh.server import run, wait_for_shutdown_signal, write_port_file
 from services.front.config import ENV_PREFIX, FrontConfig
 
@@ -29,6 +29,11 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(1024)
     sock.setblocking(False)
     return sock
+
+
+# uvicorn's warnings about a client's malformed HTTP (uvicorn/protocols/http/*_impl.py)
+CLIENT_ERROR_WARNINGS = ("Invalid HTTP request received.", "Unsupported upgrade request.",
+                         "Invalid HTTP/2 frame received: %s")
 
 
 async def serve(cfg: FrontConfig) -> int:
@@ -57,6 +62,9 @@ async def serve(cfg: FrontConfig) -> int:
     # uvicorn logs through our root handler (log_config=None): its lifecycle lines (uvicorn.error)
     # at the libraries' level, its access log (one line per request) at ours.
     logging.getLogger("uvicorn.access").setLevel(level_number(cfg.log_level))
+    # Malformed HTTP is answered 400 by uvicorn with one warning per connection: at most one a
+    # few seconds, whoever sends it (issue 30: hostile clients must not fill the log).
+    logging.getLogger("uvicorn.error").addFilter(OncePerMessage(CLIENT_ERROR_WARNINGS))
     try:
         sock = bind(cfg.host, cfg.port)
     except OSError as e:

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.front import metrics as m
@@ -251,6 +252,12 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, e: ApiError) -> Response:
         return e.response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_request: Request, _e: ClientDisconnect) -> Response:
+        # The client hung up, or its body was malformed HTTP (uvicorn has answered 400 and logged
+        # "Invalid HTTP request received." once for the connection): a client's doing, no traceback.
+        return Response(status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, e: StarletteHTTPException) -> Response:
