@@ -125,8 +125,8 @@ STALLED_PEAK_BOUND_MIB = 6 * BUDGET_MIB  # not yet bounded by the budgets: see d
 RETAINED_CONSTANT_MIB = 128
 AFTER_BOUND_MIB = 2 * BUDGET_MIB + RETAINED_CONSTANT_MIB
 STALLED_ROUNDS = 3
-# Rounds of stalled uploads after the first keep no more than this in all (allocator noise; a leak kept
-# ~110 MiB per round, 220 over these).
+# Rounds of stalled uploads after the first keep no more than this in all (allocator noise;
+# a leak kept ~110 MiB per round, 220 over these).
 ROUND_GROWTH_MIB = 80
 
 
