@@ -7,6 +7,10 @@
 - An `Abort` a handler lets escape is sent as its status.
 - Any other exception is logged with the request id and answered INTERNAL with a message that
   names only the request id: exception text and internal addresses stay in the log.
+- A call whose client is gone (it reset the stream or closed the connection: sending the status
+  fails with grpc's ExecuteBatchError) is a client's doing, not an error of ours: one warning per
+  client connection a minute at most, no traceback, and the call ends as grpc ends such calls
+  (issue 30: 500 HEADERS + RST_STREAM pairs on one connection logged ~140 errors with tracebacks).
 
 Sync handlers (none in Hypic) are left as they are.
 """
@@ -21,8 +25,14 @@ import structlog
 
 from common.mesh.abort import Abort
 from common.mesh.handlers import rewrap_handler
+from common.mesh.log import OncePer
 
 log = structlog.get_logger("rpc.guard")
+
+# grpc raises this when the status cannot be sent because the client has gone; private in grpc,
+# hence looked up (an exception nothing raises when grpc moves it).
+ClientGone = getattr(getattr(grpc, "_cython").cygrpc, "ExecuteBatchError", type("ClientGone", (Exception,), {}))
+_gone_warnings = OncePer(interval_s=60.0)
 
 
 class Undecodable:
@@ -57,8 +67,26 @@ def internal_details() -> str:
     return f"internal error (request id {rid})" if rid else "internal error"
 
 
-async def _fail(context: Any, exc: BaseException, method: str) -> None:
+def _peer(context: Any) -> str:
+    try:
+        return str(context.peer())
+    except Exception:  # no peer once the call is torn down
+        return ""
+
+
+def client_gone(peer: str, exc: BaseException, method: str) -> None:
+    """Note (at most once per client connection a minute) a call ended because its client left."""
+    suppressed = _gone_warnings.allow(peer)
+    if suppressed is not None:
+        log.warning("client went away before its answer", method=method, peer=peer,
+                    suppressed=suppressed, error=type(exc).__name__)
+
+
+async def _fail(context: Any, exc: BaseException, method: str, peer: str) -> None:
     """End the call for an exception a handler let escape (never returns)."""
+    if isinstance(exc, ClientGone):
+        client_gone(peer, exc, method)
+        raise exc  # grpc ends such a call quietly
     if isinstance(exc, Abort):
         await exc.send(context)
     log.error("unhandled error in handler", method=method, error=f"{type(exc).__name__}: {exc}",
@@ -96,6 +124,7 @@ def _wrap(behavior: Callable | None, streaming_request: bool, method: str) -> Ca
 
     if inspect.isasyncgenfunction(behavior):
         async def gen(request: Any, context: Any):
+            peer = _peer(context)  # while the call is live: gone with it
             try:
                 request = await prepare(request, context)
                 async for item in behavior(request, context):
@@ -103,17 +132,18 @@ def _wrap(behavior: Callable | None, streaming_request: bool, method: str) -> Ca
             except BaseException as e:
                 if _passes(e):
                     raise
-                await _fail(context, e, method)
+                await _fail(context, e, method, peer)
         return gen
     if inspect.iscoroutinefunction(behavior):
         async def coro(request: Any, context: Any):
+            peer = _peer(context)
             try:
                 request = await prepare(request, context)
                 return await behavior(request, context)
             except BaseException as e:
                 if _passes(e):
                     raise
-                await _fail(context, e, method)
+                await _fail(context, e, method, peer)
         return coro
     return behavior
 

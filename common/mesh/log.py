@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 import uuid
 from typing import Any, Iterable, TextIO
 
@@ -146,3 +147,42 @@ def sanitize_request_id(value: Any) -> str:
     if isinstance(value, bytes):
         value = value.decode("ascii", "replace")
     return "".join(c for c in str(value) if " " <= c <= "~")[:64]
+
+
+class OncePer:
+    """Lets one log line through per key (a client connection, say) per `interval_s`, so that a
+    client sending the same bad traffic many times fills no log (issue 30). Keeps at most
+    `max_keys` keys, the oldest forgotten first: memory stays bounded however many clients come.
+    Used from one event loop (no lock)."""
+
+    def __init__(self, interval_s: float = 60.0, max_keys: int = 1024):
+        self.interval_s, self.max_keys = interval_s, max_keys
+        self._last: dict[str, tuple[float, int]] = {}  # key -> (time logged, suppressed since)
+
+    def allow(self, key: str) -> int | None:
+        """None when this key logged within the interval (counted); else how many lines were
+        suppressed since its last one (0 the first time)."""
+        now = time.monotonic()
+        last = self._last.pop(key, None)
+        if last is not None and now - last[0] < self.interval_s:
+            self._last[key] = (last[0], last[1] + 1)
+            return None
+        while len(self._last) >= self.max_keys:
+            del self._last[next(iter(self._last))]
+        self._last[key] = (now, 0)
+        return last[1] if last is not None else 0
+
+
+class OncePerMessage(logging.Filter):
+    """A logging filter that lets each of `messages` through once per `interval_s` (all clients
+    together; the others pass untouched): for a library's per-connection warnings about client
+    errors, which carry no peer to key on ("Invalid HTTP request received.")."""
+
+    def __init__(self, messages: Iterable[str], interval_s: float = 10.0):
+        super().__init__()
+        self.messages = frozenset(messages)
+        self.once = OncePer(interval_s=interval_s, max_keys=len(self.messages) + 1)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg if isinstance(record.msg, str) else ""
+        return msg not in self.messages or self.once.allow(msg) is not None

@@ -38,6 +38,9 @@ DEFAULT_HOST = "127.0.0.1"
 OVERALL = grpc_health.OVERALL_HEALTH  # "" : the whole server
 
 
+_CODE_NAMES = {c.value[0]: c.name for c in grpc.StatusCode}
+
+
 def _code_name(context: Any, default: str) -> str:
     try:
         code = context.code()
@@ -47,7 +50,8 @@ def _code_name(context: Any, default: str) -> str:
         return default
     if isinstance(code, grpc.StatusCode):
         return code.name
-    return str(code)
+    # The code label stays within grpc.StatusCode's names (a bounded label set, issue 30).
+    return _CODE_NAMES.get(code, "UNKNOWN")
 
 
 class ObservabilityInterceptor(grpc.aio.ServerInterceptor):

@@ -17,7 +17,7 @@ import ssl
 import sys
 
 from common.mesh.config import ConfigError, describe, load_config
-from common.mesh.log import adopt_library_loggers, level_number, setup_logging
+from common.mesh.log import OncePerMessage, adopt_library_loggers, level_number, setup_logging
 from common.mesh.server import run, wait_for_shutdown_signal, write_port_file
 from services.front.config import ENV_PREFIX, FrontConfig
 
@@ -42,6 +42,9 @@ def https_options(cfg: FrontConfig) -> dict:
         opts["ssl_ca_certs"] = str(cfg.tls_ca)
         opts["ssl_cert_reqs"] = ssl.CERT_REQUIRED if cfg.mutual_tls else ssl.CERT_OPTIONAL
     return opts
+# uvicorn's warnings about a client's malformed HTTP (uvicorn/protocols/http/*_impl.py)
+CLIENT_ERROR_WARNINGS = ("Invalid HTTP request received.", "Unsupported upgrade request.",
+                         "Invalid HTTP/2 frame received: %s")
 
 
 async def serve(cfg: FrontConfig) -> int:
@@ -77,6 +80,9 @@ async def serve(cfg: FrontConfig) -> int:
     except OSError as e:
         log.error("cannot load credentials", error=str(e))
         return 1
+    # Malformed HTTP is answered 400 by uvicorn with one warning per connection: at most one a
+    # few seconds, whoever sends it (a hostile client must not fill the log).
+    logging.getLogger("uvicorn.error").addFilter(OncePerMessage(CLIENT_ERROR_WARNINGS))
     try:
         sock = bind(cfg.host, cfg.port)
     except OSError as e:

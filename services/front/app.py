@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.front import cache_usage, metrics as m
@@ -247,15 +248,22 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
             if not hmac.compare_digest(given.encode(), b"Bearer " + key):
                 response: Response = ApiError(401, "missing or wrong API key (Authorization: "
                                                    "Bearer <key>)", code="invalid_api_key").response()
-                m.HTTP.labels(path, "401").inc()
+                # No label takes a value from an unauthenticated request (issue 30).
+                m.HTTP.labels(m.UNAUTHENTICATED, "401").inc()
                 return response
         response = await call_next(request)
-        m.HTTP.labels(path if path in KNOWN_PATHS else "other", str(response.status_code)).inc()
+        m.HTTP.labels(m.endpoint_label(path), m.status_label(response.status_code)).inc()
         return response
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, e: ApiError) -> Response:
         return e.response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(_request: Request, _e: ClientDisconnect) -> Response:
+        # The client hung up, or its body was malformed HTTP (uvicorn has answered 400 and logged
+        # "Invalid HTTP request received." once for the connection): a client's doing, no traceback.
+        return Response(status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, e: StarletteHTTPException) -> Response:
@@ -284,5 +292,3 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
 
     return app
 
-
-KNOWN_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}

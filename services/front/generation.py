@@ -133,5 +133,5 @@ class Generation:
         m.PROMPT_TOKENS_HIST.labels(name).observe(u.prompt_tokens)
         m.GENERATION_TOKENS_HIST.labels(name).observe(n)
         for tier, count in u.cached_by_tier.items():
-            m.CACHED_PROMPT_TOKENS.labels(name, tier).inc(count)
+            m.CACHED_PROMPT_TOKENS.labels(name, m.tier_label(tier)).inc(count)
         m.SUCCESS.labels(name, self.finish_reason).inc()

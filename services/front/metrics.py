@@ -43,3 +43,31 @@ CACHE_USAGE = Gauge("hypic_cache_usage_perc", "Segment cache bytes held / budget
                     ["model_name", "tier"])
 HTTP = Counter("hypic_front_http_requests", "HTTP requests by endpoint and status",
                ["endpoint", "status"])
+
+# Every label set is bounded whatever the clients send (issue 30): request paths and status codes
+# are mapped onto these fixed sets, unauthenticated requests are counted under one endpoint name,
+# and the model_name label is always the served model's name (never the request's "model").
+KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+                         "/metrics"})
+OTHER = "other"
+UNAUTHENTICATED = "unauthenticated"
+KNOWN_STATUSES = frozenset({200, 400, 401, 403, 404, 405, 413, 422, 429, 500, 502, 503, 504})
+
+
+def endpoint_label(path: str) -> str:
+    """The endpoint label of a request path: the path itself when the front serves it, else "other"."""
+    return path if path in KNOWN_PATHS else OTHER
+
+
+def status_label(status: int) -> str:
+    """The status label of an HTTP status: the code when it is one the front answers with, else
+    its class ("2xx" ... "5xx")."""
+    return str(status) if status in KNOWN_STATUSES else f"{min(max(status // 100, 1), 5)}xx"
+
+
+TIERS = frozenset({"device", "host", "disk", "remote", "unknown"})
+
+
+def tier_label(tier: str) -> str:
+    """The tier label of a router-reported cache tier: one of TIERS ("unknown" for anything else)."""
+    return tier if tier in TIERS else "unknown"

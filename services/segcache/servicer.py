@@ -179,7 +179,11 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
                                      token_count=header.token_count,
                                      model_fingerprint=header.model_fingerprint, pin=header.pin,
                                      expected_checksum=header.checksum)
+        except asyncio.CancelledError:  # the client reset the stream or hung up
+            self.uploads.after_failed_upload()
+            raise
         except Exception as e:
+            self.uploads.after_failed_upload()
             await self._fail(context, e)
         self.claims.release(header.key)
         if self.remote is not None and res.created:  # write-behind; a full queue drops it

@@ -115,10 +115,19 @@ class PeakRss:
 BUDGET_MIB, ENTRY_MIB, N = 64, 16, 20
 # Over the RSS at start: the host tier (64 MiB) + uploads (64 MiB) + the messages grpc holds for
 # refused streams, and allocator slack.
-# (measured here from ~243 MiB at start: peaks ~400 MiB concurrent and ~480 MiB stalled, ~460 MiB
-# after; without the upload budget 771 MiB, 807 MiB and 709 MiB were kept)
+# (measured here from ~448 MiB at start: peaks ~150 MiB over it concurrent and ~300 MiB stalled
+# (20 first messages of 4 MiB arrive before any header can be refused); before issue 30 each
+# round of stalled uploads kept ~110 MiB more, held in reference cycles the collector left)
 PEAK_BOUND_MIB = 5 * BUDGET_MIB
-AFTER_BOUND_MIB = 5 * BUDGET_MIB
+STALLED_PEAK_BOUND_MIB = 6 * BUDGET_MIB  # not yet bounded by the budgets: see docs/security.md
+# What stays after the uploads end: the host tier's 64 MiB, the upload budget's worth of
+# allocator high-water, and a stated constant (measured 170-220 MiB over start).
+RETAINED_CONSTANT_MIB = 128
+AFTER_BOUND_MIB = 2 * BUDGET_MIB + RETAINED_CONSTANT_MIB
+STALLED_ROUNDS = 3
+# Rounds of stalled uploads after the first keep no more than this in all (allocator noise;
+# a leak kept ~110 MiB per round, 220 over these).
+ROUND_GROWTH_MIB = 80
 
 
 @pytest.mark.processes
@@ -167,15 +176,20 @@ def test_puts_stay_within_the_upload_budget(launch, fresh_seed: int) -> None:
     assert set(codes) <= {C.OK, C.RESOURCE_EXHAUSTED} and C.OK in codes, set(codes)
     assert codes.count(C.OK) >= BUDGET_MIB // ENTRY_MIB
     mid = rss_mib(pid)
-    codes2, peak2 = arun(stalled())
-    assert set(codes2) <= {C.DEADLINE_EXCEEDED, C.RESOURCE_EXHAUSTED}, set(codes2)
-    assert codes2.count(C.DEADLINE_EXCEEDED) == BUDGET_MIB // ENTRY_MIB, codes2
-    arun(asyncio.sleep(0.5))
-    after = rss_mib(pid)
+    rounds, peak2 = [], 0.0
+    for _ in range(STALLED_ROUNDS):
+        codes2, peak_round = arun(stalled())
+        assert set(codes2) <= {C.DEADLINE_EXCEEDED, C.RESOURCE_EXHAUSTED}, set(codes2)
+        assert codes2.count(C.DEADLINE_EXCEEDED) == BUDGET_MIB // ENTRY_MIB, codes2
+        arun(asyncio.sleep(1.5))  # the failed uploads' cycles are collected within a second
+        rounds.append(rss_mib(pid))
+        peak2 = max(peak2, peak_round)
+    after = rounds[-1]
     print(f"segcache RSS MiB: base {base:.0f}, peak concurrent {peak:.0f}, between {mid:.0f} "
-          f"({codes.count(C.OK)} of {N} stored), peak stalled {peak2:.0f}, after {after:.0f}")
-    assert peak - base < PEAK_BOUND_MIB and peak2 - base < PEAK_BOUND_MIB, (base, peak, peak2)
+          f"({codes.count(C.OK)} of {N} stored), peak stalled {peak2:.0f}, after rounds {rounds}")
+    assert peak - base < PEAK_BOUND_MIB and peak2 - base < STALLED_PEAK_BOUND_MIB, (base, peak, peak2)
     assert after - base < AFTER_BOUND_MIB, (base, after)
+    assert rounds[-1] - rounds[0] < ROUND_GROWTH_MIB, rounds
 
     async def budget_is_free_again():
         async with SegcacheClient(srv.target) as c:
