@@ -31,6 +31,7 @@ from services.front.config import FrontConfig
 from services.front.errors import ApiError, bad_request
 from services.front.generation import Generation
 from services.front.params import check_supported, sampling, wants_usage_in_stream
+from common.mesh import tracing
 from common.mesh.auth import read_secret
 from common.mesh.log import sanitize_request_id
 from services.front.routers import RouterPool
@@ -243,8 +244,14 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
                                                    "Bearer <key>)", code="invalid_api_key").response()
                 m.HTTP.labels(path, "401").inc()
                 return response
-        response = await call_next(request)
-        m.HTTP.labels(path if path in KNOWN_PATHS else "other", str(response.status_code)).inc()
+        known = path if path in KNOWN_PATHS else "other"
+        # one SERVER span per request, continuing the caller's traceparent; the SDK carries it
+        # on to the router (no-op while tracing is off)
+        with tracing.span(f"{request.method} {known}", tracing.trace.SpanKind.SERVER,
+                          tracing.extract(request.headers), **{"http.route": known}) as span:
+            response = await call_next(request)
+            span.set_attribute("http.response.status_code", response.status_code)
+        m.HTTP.labels(known, str(response.status_code)).inc()
         return response
 
     @app.exception_handler(ApiError)
