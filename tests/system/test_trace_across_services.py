@@ -7,7 +7,6 @@ hop's server span the child of a span of the service that called it.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent import futures
@@ -73,7 +72,7 @@ def wait_for_services(sink: Collector, timeout_s: float = 30.0) -> list[dict]:
 
 def test_one_request_is_one_trace_across_all_five_services(collector, tmp_path) -> None:
     sink, endpoint = collector
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
     prompt = "alpha beta gamma delta epsilon # # zeta eta theta iota kappa # # what"
     with Mesh(None, tmp_path, n_scatter=1, threads=1, front=True, env=env) as mesh:
         r = httpx.post(f"{mesh.front_url}/v1/completions", timeout=120,
