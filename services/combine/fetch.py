@@ -29,10 +29,10 @@ from common.engine.pic import BuildCancelled
 from common.engine.pic.entry import EntryMismatch, SegmentEntry
 from common.engine.pic.placement import place_for_engine
 from common.engine.pic.seal import ForgedEntry, open_sealed, seal
+from common.mesh import tracing
 from common.mesh.log import REQUEST_ID_KEY
 from common.mesh.nixl_util import NixlUnavailable
 from common.mesh.segcache_client import ChecksumError, SegcacheClient
-from common.mesh import tracing
 from common.mesh.segcache_ring import owner, parse_addresses
 from protos.hypic.v1 import combine_pb2 as combine_pb
 from protos.hypic.v1 import scatter_pb2 as scatter_pb

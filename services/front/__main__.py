@@ -15,9 +15,9 @@ import os
 import socket
 import sys
 
+from common.mesh import tracing
 from common.mesh.config import ConfigError, describe, load_config
 from common.mesh.log import adopt_library_loggers, level_number, setup_logging
-from common.mesh import tracing
 from common.mesh.server import run, wait_for_shutdown_signal, write_port_file
 from services.front.config import ENV_PREFIX, FrontConfig
 
