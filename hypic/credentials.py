@@ -43,13 +43,27 @@ class Credentials:
 
     def metadata(self, request_id: str | None = None) -> list[tuple[str, str]]:
         md = [(REQUEST_ID_KEY, request_id)] if request_id else []
-        return md + ([(AUTHORIZATION_KEY, f"Bearer {self.api_key}")] if self.api_key else [])
+        md += [(AUTHORIZATION_KEY, f"Bearer {self.api_key}")] if self.api_key else []
+        return md + trace_context()
 
     def open(self, address: str, options: list, *, aio: bool) -> Any:
         mod = grpc.aio if aio else grpc
         if self.secure:
             return mod.secure_channel(address, self.channel_credentials(), options=options)
         return mod.insecure_channel(address, options=options)
+
+
+def trace_context() -> list[tuple[str, str]]:
+    """The caller's current OpenTelemetry span as W3C traceparent/tracestate metadata, so the
+    router's spans join the application's trace; nothing when opentelemetry is not installed
+    or no span is current (the SDK does not need it)."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return []
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return list(carrier.items())
 
 
 def channel_options(max_message_bytes: int) -> list[tuple[str, Any]]:

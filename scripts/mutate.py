@@ -303,6 +303,15 @@ MUTANTS: tuple[Mutant, ...] = (
            'r[f"ttft_zero_cost_combine{tag}_s"] = ov + r["makespan_s"] + query_s',
            'r[f"ttft_zero_cost_combine{tag}_s"] = ov + r["makespan_s"]',
            ("tests/bench/test_report.py",)),
+    # -- tracing: the caller's context must ride on every call, and a server must continue it ------
+    Mutant("trace-context-not-sent", "common/mesh/tracing.py",
+           "    metadata = inject(list(details.metadata or ()))",
+           "    metadata = list(details.metadata or ())",
+           ("tests/mesh/test_tracing.py",)),
+    Mutant("trace-not-continued-by-server", "common/mesh/tracing.py",
+           "        parent = extract(handler_call_details.invocation_metadata)",
+           "        parent = None",
+           ("tests/mesh/test_tracing.py",)),
 )
 
 

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import grpc
 
+from common.mesh import tracing
 from common.mesh.tls import read_pem
 
 # A peer that comes back is found again within seconds, not after gRPC's default of minutes.
@@ -57,8 +58,10 @@ def channel_credentials(cfg: Any) -> grpc.ChannelCredentials | None:
 
 
 def open_channel(target: str, options: Sequence[tuple[str, Any]] = (), cfg: Any = None) -> grpc.aio.Channel:
-    """A grpc.aio channel to a peer, secure when `cfg` (a TlsConfig) has a CA."""
+    """A grpc.aio channel to a peer, secure when `cfg` (a TlsConfig) has a CA; while tracing is
+    on (common.mesh.tracing) every call on it carries the caller's trace context."""
     creds = channel_credentials(cfg) if cfg is not None else None
+    interceptors = tracing.client_interceptors() or None
     if creds is None:
-        return grpc.aio.insecure_channel(target, options=list(options))
-    return grpc.aio.secure_channel(target, creds, options=list(options))
+        return grpc.aio.insecure_channel(target, options=list(options), interceptors=interceptors)
+    return grpc.aio.secure_channel(target, creds, options=list(options), interceptors=interceptors)

@@ -178,6 +178,9 @@ def load_config(cls: type[T], argv: Sequence[str] | None = None, *,
         raise ConfigError(str(e)) from None
 
 
+OTLP_HELP = ("OpenTelemetry collector (OTLP/gRPC, e.g. http://127.0.0.1:4317) to send this "
+             "service's trace spans to; empty = OTEL_EXPORTER_OTLP_ENDPOINT, else tracing off "
+             "(common/mesh/tracing.py)")
 DRAIN_HELP = ("on SIGTERM: seconds to keep serving while health says NOT_SERVING, so load balancers "
               "and the router stop sending first; then stop (a second signal cuts it short)")
 
@@ -193,6 +196,8 @@ class ServiceConfig(TlsConfig):
     log_level: str = dataclasses.field(default="info", metadata={"help": "debug | info | warning | error"})
     log_json: bool = dataclasses.field(default=True, metadata={"help": "JSON log lines (else console format)"})
     drain_s: float = dataclasses.field(default=0.0, metadata={"help": DRAIN_HELP})
+    otlp_endpoint: str = dataclasses.field(default="", metadata=field_help(
+        OTLP_HELP, shared_env=True))
 
     def check_server(self) -> None:
         """port in range, port_file a Path, max_message_bytes >= 64 KiB, drain_s finite >= 0

@@ -4,9 +4,9 @@ A service describes its parts as a `Service` subclass (what to load, what to reg
 report, what to close); `main` and `serve` run them in the same order for all four services:
 
     main(RouterService, RouterConfig, ENV_PREFIX, argv)   # exit 2 on a bad config
-      serve(): log "starting" -> credentials, interceptors -> prepare() -> build_server -> register() -> server.start()
+      serve(): log "starting" -> credentials, interceptors, tracing -> prepare() -> build_server -> register() -> server.start()
                -> started() -> SERVING -> metrics endpoint -> port file -> log "serving"
-               -> wait for SIGTERM/SIGINT -> stopping() -> shutdown(server) -> close() -> "stopped"
+               -> wait for SIGTERM/SIGINT -> stopping() -> shutdown(server) -> close() -> flush spans -> "stopped"
 
 Shutdown is the existing common/mesh/server helpers, called here and nowhere else.
 """
@@ -18,7 +18,7 @@ from typing import Any, ClassVar, Sequence
 
 import grpc
 
-from common.mesh import channels, tls
+from common.mesh import channels, tls, tracing
 from common.mesh.auth import check_secrets
 from common.mesh.config import ConfigError, describe, load_config
 from common.mesh.log import adopt_library_loggers, setup_logging
@@ -80,6 +80,8 @@ async def serve(service: Service) -> int:
         channels.channel_credentials(cfg)  # the client side toward peers reads the same files
         check_secrets(cfg)
         interceptors = service.interceptors()
+        if tracing.setup_tracing(service.name, cfg.otlp_endpoint):  # before any channel opens
+            interceptors = [tracing.TracingServerInterceptor(), *interceptors]
     except (OSError, ValueError) as e:  # a certificate, key or secret file that cannot be read
         log.error("cannot load credentials", error=str(e))
         return 1
@@ -105,6 +107,7 @@ async def serve(service: Service) -> int:
     await service.stopping()
     await shutdown(server, health, grace_s=cfg.grace_s, drain_s=cfg.drain_s)
     await service.close()
+    tracing.shutdown_tracing()  # the spans still batched go out before the process ends
     log.info("stopped")
     return 0
 

@@ -29,6 +29,7 @@ from common.engine.pic import BuildCancelled
 from common.engine.pic.entry import EntryMismatch, SegmentEntry
 from common.engine.pic.placement import place_for_engine
 from common.engine.pic.seal import ForgedEntry, open_sealed, seal
+from common.mesh import tracing
 from common.mesh.log import REQUEST_ID_KEY
 from common.mesh.nixl_util import NixlUnavailable
 from common.mesh.segcache_client import ChecksumError, SegcacheClient
@@ -400,6 +401,12 @@ async def build_local(ctx: RequestCtx, i: int, key: str, ids: list[int], t0: flo
 
 # ---- one segment ---------------------------------------------------------------------------------
 async def acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -> Acquired:
+    """Segment i's entry: from segcache, else built on scatter, else here; one trace span each."""
+    with tracing.span("combine.fetch", segment=i, key=key, planned_source=int(seg.source)):
+        return await _acquire(ctx, i, seg, key, ids)
+
+
+async def _acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -> Acquired:
     t0 = time.perf_counter()
     if seg.source == combine_pb.SOURCE_SEGCACHE and ctx.segcache_address:
         info_now = None

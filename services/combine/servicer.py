@@ -34,6 +34,7 @@ from common.mesh.checks import WorkerModel, check_plan
 from common.mesh.guard import internal_details
 from common.mesh.log import new_request_id, sanitize_request_id
 from common.mesh.segcache_ring import parse_addresses
+from common.mesh.tracing import traced
 from protos.hypic.v1 import combine_pb2 as combine_pb
 from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
 from protos.hypic.v1 import router_pb2 as router_pb
@@ -254,6 +255,7 @@ class CombineServicer(combine_grpc.CombineServicer):
         ex.timings.query_prefill_s = time.perf_counter() - t
         m.STAGE_SECONDS.labels("query_prefill").observe(ex.timings.query_prefill_s)
 
+    @traced("combine.decode")
     async def _decode(self, ex: _Execution, logits: torch.Tensor, state):
         """The first token from the prompt's logits, then one step per token; yields them."""
         plan = ex.plan
@@ -311,6 +313,7 @@ class CombineServicer(combine_grpc.CombineServicer):
             return "layer", lead
         return ("mixed", lead) if lead >= 2 else ("segment", 0)
 
+    @traced("combine.compose")
     async def _compose(self, ex: _Execution):
         """Start every segment's fetch at once. The first `lead` segments: once they are all in
         hand (even if some turned out to be misses after all), one layer-major pass. Every

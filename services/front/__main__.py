@@ -16,6 +16,7 @@ import socket
 import ssl
 import sys
 
+from common.mesh import tracing
 from common.mesh.config import ConfigError, describe, load_config
 from common.mesh.log import OncePerMessage, adopt_library_loggers, level_number, setup_logging
 from common.mesh.server import run, wait_for_shutdown_signal, write_port_file
@@ -70,6 +71,7 @@ async def serve(cfg: FrontConfig) -> int:
                     error=str(e))
         template = ChatTemplate(None)
     adopt_library_loggers()  # transformers (the tokenizer) brings its own console handler
+    tracing.setup_tracing("front", cfg.otlp_endpoint)  # off unless an OTLP endpoint is set
     # uvicorn logs through our root handler (log_config=None): its lifecycle lines (uvicorn.error)
     # at the libraries' level, its access log (one line per request) at ours.
     logging.getLogger("uvicorn.access").setLevel(level_number(cfg.log_level))
@@ -112,6 +114,7 @@ async def serve(cfg: FrontConfig) -> int:
     else:
         stop.cancel()
     await task
+    tracing.shutdown_tracing()  # the spans still batched go out before the process ends
     log.info("stopped")
     return 0
 

@@ -32,6 +32,7 @@ from services.front.config import FrontConfig
 from services.front.errors import ApiError, bad_request
 from services.front.generation import Generation
 from services.front.params import check_supported, sampling, wants_usage_in_stream
+from common.mesh import tracing
 from common.mesh.auth import read_secret
 from hypic.model_card import model_card
 from common.mesh.log import sanitize_request_id
@@ -251,8 +252,14 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
                 # No label takes a value from an unauthenticated request (issue 30).
                 m.HTTP.labels(m.UNAUTHENTICATED, "401").inc()
                 return response
-        response = await call_next(request)
-        m.HTTP.labels(m.endpoint_label(path), m.status_label(response.status_code)).inc()
+        known = m.endpoint_label(path)
+        # one SERVER span per request, continuing the caller's traceparent; the SDK carries it
+        # on to the router (no-op while tracing is off)
+        with tracing.span(f"{request.method} {known}", tracing.trace.SpanKind.SERVER,
+                          tracing.extract(request.headers), **{"http.route": known}) as span:
+            response = await call_next(request)
+            span.set_attribute("http.response.status_code", response.status_code)
+        m.HTTP.labels(known, m.status_label(response.status_code)).inc()
         return response
 
     @app.exception_handler(ApiError)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from common.engine import modes
+from common.mesh.config import OTLP_HELP
 from common.mesh.fields import field_help
 from common.mesh.tls import TlsConfig
 
@@ -69,6 +70,7 @@ class FrontConfig(TlsConfig):
     log_json: bool = field(default=True, metadata=field_help("JSON log lines (else console format)"))
     access_log: bool = field(default=True, metadata=field_help(
         "one log line per HTTP request (uvicorn's access log, rendered like every other line)"))
+    otlp_endpoint: str = field(default="", metadata=field_help(OTLP_HELP, shared_env=True))
 
     def __post_init__(self) -> None:
         self.check_tls()

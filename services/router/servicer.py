@@ -31,6 +31,7 @@ from common.mesh.discovery import MemberSet
 from common.mesh.guard import internal_details
 from common.mesh.log import REQUEST_ID_KEY, sanitize_request_id
 from common.mesh.segcache_ring import SegcacheRing
+from common.mesh.tracing import traced
 from common.mesh.channels import channel_options, open_channel
 from protos.hypic.v1 import combine_pb2 as combine_pb
 from protos.hypic.v1 import router_pb2 as router_pb
@@ -257,6 +258,7 @@ class RouterServicer(router_grpc.RouterServicer):
     def _md(self, req: RequestState) -> list[tuple[str, str]]:
         return [(REQUEST_ID_KEY, req.rid)]
 
+    @traced("router.lookup")
     async def _lookup(self, keys: list[str], req: RequestState) -> dict[str, segcache_pb.EntryInfo]:
         """Which keys segcache holds; any failure or slowness means "all misses"."""
         if self.segcache is None or not keys:
@@ -293,6 +295,7 @@ class RouterServicer(router_grpc.RouterServicer):
         m.STAGE.labels("lookup").observe(req.lookup_s)
         return found
 
+    @traced("router.plan")
     async def _plan(self, request: router_pb.GenerateRequest, req: RequestState) -> combine_pb.Plan:
         cfg = self.cfg
         mode = modes.from_wire(request.mode)

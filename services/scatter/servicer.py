@@ -33,6 +33,7 @@ from common.mesh.guard import internal_details
 from common.mesh.log import sanitize_request_id
 from common.mesh.segcache_client import checksum
 from common.mesh.segcache_ring import SegcacheRing
+from common.mesh.tracing import traced
 from protos.hypic.v1 import scatter_pb2 as scatter_pb
 from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
 from services.scatter import metrics as m
@@ -101,6 +102,7 @@ class ScatterServicer(scatter_grpc.ScatterServicer):
         m.IN_FLIGHT.set(len(self.pending))
         m.QUEUED_TOKENS.set(sum(len(f.token_ids) for f in self.pending.values()))
 
+    @traced("scatter.build")
     async def _run(self, fl: Flight) -> None:
         loop = asyncio.get_running_loop()
         try:
