@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import torch
 
-ENTRY_FORMATS = ("fp32", "bf16", "fp8")
+from common.engine.dtypes import ENTRY_FORMATS, check_entry_format
+
 DEFAULT_ENTRY_FORMAT = "fp32"
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 
 
-def check_format(fmt: str) -> str:
-    if fmt not in ENTRY_FORMATS:
-        raise ValueError(f"entry format must be one of {ENTRY_FORMATS}, got {fmt!r}")
-    return fmt
+check_format = check_entry_format
 
 
 def head_scale(x: torch.Tensor) -> torch.Tensor:

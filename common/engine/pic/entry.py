@@ -37,7 +37,7 @@ from safetensors.torch import save as st_save
 
 from common.engine.checksum import DIGEST_BYTES, checksum
 from common.engine.dtypes import dtype_name
-from common.engine.pic.compact import DEFAULT_ENTRY_FORMAT, FP8, check_format, decode, encode, round_trip
+from common.engine.pic.compact import DEFAULT_ENTRY_FORMAT, ENTRY_FORMATS, FP8, check_format, decode, encode, round_trip
 from common.engine.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
 from kernels.linear_attn import Summary, summary_form
 
@@ -221,7 +221,7 @@ class SegmentEntry:
             raise EntryError(f"corrupted entry header: {e}") from None
         version = header.get("version") if isinstance(header, dict) else None
         fmt = header.get("format", "fp32") if version == FORMAT_VERSION else "fp32"
-        if fmt not in ("fp32", "bf16", "fp8"):
+        if fmt not in ENTRY_FORMATS:
             raise EntryError(f"unknown entry format {fmt!r}")
         if version in (FORMAT_VERSION, FP32_VERSION):
             if len(mv) < 8 + n + DIGEST_BYTES:

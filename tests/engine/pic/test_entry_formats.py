@@ -119,3 +119,31 @@ def test_reuse_with_compact_entries_stays_close_to_fp32_entries(engine, fmt, fre
     got = engine.prefill_segments(segs, query, entries=compact, seam=SEAM).logits.double().log_softmax(-1)
     kl = (ref.exp() * (ref - got)).sum().item()
     assert 0 <= kl < (1e-4 if fmt == "bf16" else 1e-2), kl
+
+
+def test_the_engine_builds_and_accepts_its_own_format(engine, fresh_seed):
+    ids = _ids(engine, fresh_seed, 11)
+    e32 = engine.build_entry(ids, SEAM)
+    engine.entry_format = "fp8"
+    try:
+        e8 = engine.build_entry(ids, SEAM)
+        assert e8.format == "fp8" and e8.key == e32.key
+        engine.check_entry(e8, ids, SEAM)
+        # an fp32 entry reaching a combine that serves fp8 (or the reverse) is a mismatch: rebuilt
+        with pytest.raises(EntryMismatch, match="stored in fp32"):
+            engine.check_entry(e32, ids, SEAM)
+    finally:
+        engine.entry_format = "fp32"
+    with pytest.raises(EntryMismatch, match="stored in fp8"):
+        engine.check_entry(e8, ids, SEAM)
+
+
+def test_worker_configs_check_the_entry_format():
+    from pathlib import Path
+
+    from services.scatter.config import ScatterConfig
+
+    assert ScatterConfig(model=Path("m")).entry_format == "fp32"
+    assert ScatterConfig(model=Path("m"), entry_format="bf16").entry_format == "bf16"
+    with pytest.raises(ValueError, match="entry format must be one of"):
+        ScatterConfig(model=Path("m"), entry_format="int4")
