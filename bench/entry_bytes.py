@@ -1,7 +1,7 @@
 """Bytes of a Hypic segment entry per 1,000 cached tokens, from published model configs, beside a
 plain per-token KV cache for the same tokens.
 
-    python -m bench.entry_bytes [--tokens 1000] [--dtype bfloat16]
+    python -m bench.entry_bytes [--tokens 1000] [--dtype bfloat16] [--json]
 
 The model is built by our own model classes on the meta device (no weights, no memory) from the
 config values typed below, and every size is read off its modules: the linear mixers' features
@@ -19,6 +19,8 @@ its attention part grows with the tokens. Columns:
     plain KV     a plain per-token KV cache of the same depth: every layer caching per-token keys and
                  values in the model's own attention-layer format (what a transformer of that shape holds)
     break-even   the body length above which an entry is smaller than the plain KV of its tokens
+    per format   (second table) the entry and its break-even with T (matrix form) and S stored in each
+                 of common.engine.pic.compact's formats: fp32, bf16, fp8 (+ one fp32 scale per head)
 
 MoE sizes and the vocabulary never enter these bytes, so the configs below shrink them to build
 fast. Values are the public config.json fields as typed from memory unless marked as transformers'
@@ -34,6 +36,7 @@ from transformers import AutoConfig
 
 from common.engine.models import TEXT_SUBCONFIG, model_class
 from common.engine.models.base import ForwardContext
+from common.engine.pic.compact import ENTRY_FORMATS
 from kernels.linear_attn import summary_form
 
 # model -> (model_type, config fields that shape the cache). Expert counts and vocab trimmed (see above).
@@ -113,22 +116,33 @@ def build_meta_model(model_type: str, cfg_kwargs: dict):
         return model_class(model_type)(cfg)
 
 
+def linear_part_bytes(form: str, H: int, K: int, V: int, fmt: str) -> tuple[int, int]:
+    """(T bytes, S bytes) of one linear layer's summary stored in `fmt` (common.engine.pic.compact:
+    scalar and vector T stay fp32; fp8 adds one fp32 scale per head to each compact tensor)."""
+    item, scale = {"fp32": (4, 0), "bf16": (2, 0), "fp8": (1, 4 * H)}[fmt]
+    T = {"scalar": 4 * H, "vector": 4 * H * K, "matrix": item * H * K * K + scale}[form]
+    return T, item * H * K * V + scale
+
+
 @torch.inference_mode()
 def layer_sizes(model, dtype_bytes: int) -> dict:
     """Linear layers: bytes per segment (T, S fp32; conv tail in the model dtype) and of T alone.
     Attention layers: bytes per token as our entry stores them, and in the model's own KV format
     (MLA: the compressed latent + the shared rope key; otherwise the same)."""
     out = dict(linear_per_segment=0, T_per_segment=0, attn_per_token=0, own_kv_per_token=0, n_linear=0, n_attn=0)
+    out.update({f"linear_per_segment_{f}": 0 for f in ENTRY_FORMATS})
     x = torch.empty(1, 1, model.embed_tokens.weight.shape[1], device="meta")
     for layer in model.layers:
         mixer = layer.mixer if layer.kind != "mlp" else None
         if layer.kind == "linear":
             q, k, v, *_ = mixer.features(x, None)
             H, K, V = k.shape[2], k.shape[3], v.shape[3]
-            T = {"scalar": H, "vector": H * K, "matrix": H * K * K}[summary_form(mixer.family)]
-            conv = (mixer.conv_kernel - 1) * mixer.conv_inputs(x).shape[-1]
-            out["linear_per_segment"] += 4 * (T + H * K * V) + dtype_bytes * conv
-            out["T_per_segment"] += 4 * T
+            form = summary_form(mixer.family)
+            conv = dtype_bytes * (mixer.conv_kernel - 1) * mixer.conv_inputs(x).shape[-1]
+            for f in ENTRY_FORMATS:
+                out[f"linear_per_segment_{f}"] += sum(linear_part_bytes(form, H, K, V, f)) + conv
+            out["linear_per_segment"] = out["linear_per_segment_fp32"]
+            out["T_per_segment"] += linear_part_bytes(form, H, K, V, "fp32")[0]
             out["n_linear"] += 1
         elif layer.kind == "attention":
             ctx = ForwardContext(positions=torch.zeros(1, dtype=torch.long, device="meta"))
@@ -158,8 +172,26 @@ def entry_table(tokens: int = 1000, dtype_bytes: int = 2, names=None) -> list[di
         ))
         # segment length above which an entry is smaller than the plain KV of its tokens (None: never)
         gain_per_token = own_per_layer * (s["n_linear"] + s["n_attn"]) - s["attn_per_token"]
-        rows[-1]["break_even_tokens"] = -(-s["linear_per_segment"] // gain_per_token) if gain_per_token > 0 else None
+        for f in ENTRY_FORMATS:
+            lin = s[f"linear_per_segment_{f}"]
+            rows[-1][f"linear_per_segment_{f}"] = lin
+            rows[-1][f"entry_{f}"] = lin + s["attn_per_token"] * tokens
+            rows[-1][f"break_even_tokens_{f}"] = -(-lin // gain_per_token) if gain_per_token > 0 else None
+        rows[-1]["break_even_tokens"] = rows[-1]["break_even_tokens_fp32"]
     return rows
+
+
+def print_format_table(rows: list[dict], tokens: int) -> None:
+    """Entry MiB, entry/plain and break-even tokens per storage format of T and S."""
+    mib = 2**20
+    print(f"\nMiB per {tokens} cached tokens per entry format (T matrix form and S; scalar/vector T stay fp32)")
+    print(f"{'model':32s} " + " ".join(f"{'entry ' + f:>11s} {'/plain':>6s} {'b-even':>6s}" for f in ENTRY_FORMATS)
+          + f" {'fp32/bf16':>9s} {'fp32/fp8':>8s}")
+    for r in rows:
+        cells = [f"{r['entry_' + f] / mib:11.2f} {r['entry_' + f] / r['plain_kv']:6.3f} "
+                 f"{r['break_even_tokens_' + f] or 'never':>6}" for f in ENTRY_FORMATS]
+        print(f"{r['model']:32s} " + " ".join(cells)
+              + f" {r['entry_fp32'] / r['entry_bf16']:9.2f} {r['entry_fp32'] / r['entry_fp8']:8.2f}")
 
 
 def main():
@@ -182,6 +214,7 @@ def main():
         print(f"{r['model']:32s} {r['linear_layers']:>3d}/{r['attention_layers']:<4d} "
               + " ".join(f"{r[k] / mib:11.2f}" for _, k in cols) + f" {r['entry'] / r['plain_kv']:11.3f}"
               + f" {r['break_even_tokens'] if r['break_even_tokens'] else 'never':>10}")
+    print_format_table(rows, a.tokens)
 
 if __name__ == "__main__":
     main()

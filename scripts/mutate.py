@@ -41,6 +41,12 @@ class Mutant:
 
 
 MUTANTS: tuple[Mutant, ...] = (
+    Mutant("fp8-entry-scale-dropped", "common/engine/pic/compact.py",
+           "return x.float() * scale.float()[..., None, None]", "return x.float()",
+           ("tests/engine/pic/test_entry_formats.py", "-k", "error_bounds or round_trip")),
+    Mutant("compact-entry-builder-keeps-fp32-S", "common/engine/pic/entry.py",
+           "S=round_trip(b.S, fmt)", "S=b.S",
+           ("tests/engine/pic/test_entry_formats.py", "-k", "round_trip")),
     # -- composition: the transition operator T, conv warm-up, RoPE offsets, seams -----------------
     Mutant("T-dropped-segment-major", "common/engine/pic/apply.py",
            "S_new = compose(body.summary, S_w)", "S_new = body.summary.S + S_w",

@@ -33,3 +33,15 @@ def name_of(dtype: Any) -> str:
 def dtype_name(dtype: Any) -> str:
     """The name of a served dtype given as a torch dtype or its name; ValueError for any other."""
     return check_dtype_name(name_of(dtype))
+
+
+# Storage formats of an entry's linear part (common.engine.pic.compact); named here, beside the
+# dtypes, so that worker configs (common.mesh) check the name without loading the engine.
+ENTRY_FORMATS = ("fp32", "bf16", "fp8")
+
+
+def check_entry_format(name: str) -> str:
+    """`name` if it is one of ENTRY_FORMATS; ValueError otherwise."""
+    if name not in ENTRY_FORMATS:
+        raise ValueError(f"entry format must be one of {', '.join(ENTRY_FORMATS)}, not {name!r}")
+    return name

@@ -13,12 +13,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from common.engine.dtypes import torch_dtype
+from common.engine.dtypes import check_entry_format, torch_dtype
 from common.engine.fingerprint import model_fingerprint
 from common.engine.loader import CheckpointReader, load_weights
 from common.engine.models import TEXT_SUBCONFIG, UnsupportedArchitecture, model_class
 from common.engine.models.base import HybridLM
 from common.engine.pic import build_entry, prefill_segments
+from common.engine.pic.compact import DEFAULT_ENTRY_FORMAT
 from common.engine.pic.entry import SegmentEntry, entry_layout
 from common.engine.pic.prefix import PrefixCache
 from common.engine.sampling import top_p_filter
@@ -61,6 +62,9 @@ class HybridEngine:
         self.num_layers = len(model.layers)
         self.entry_layout = entry_layout(model)  # the per-layer kinds its segment entries have
         self.prefix_cache = PrefixCache()
+        # storage format of the entries it builds and accepts (common.engine.pic.compact); a worker
+        # sets it from its config, and an entry in another format is a mismatch (rebuilt)
+        self.entry_format = DEFAULT_ENTRY_FORMAT
 
     # -- loading ---------------------------------------------------------------------------
     @classmethod
@@ -84,13 +88,16 @@ class HybridEngine:
         return cls(model, model_type, text_cfg, dtype, device, tokenizer, model_fingerprint(path))
 
     @classmethod
-    def for_worker(cls, path: str | Path, dtype: str, device: str, threads: int = 0) -> "HybridEngine":
+    def for_worker(cls, path: str | Path, dtype: str, device: str, threads: int = 0,
+                   entry_format: str = DEFAULT_ENTRY_FORMAT) -> "HybridEngine":
         """The engine a model worker (scatter, combine) serves: the checkpoint at `path` in the
         dtype named `dtype` on `device`, torch limited to `threads` (0: torch's default), no
         tokenizer (the router tokenizes)."""
         if threads:
             torch.set_num_threads(threads)
-        return cls.from_pretrained(path, dtype=torch_dtype(dtype), device=device, load_tokenizer=False)
+        engine = cls.from_pretrained(path, dtype=torch_dtype(dtype), device=device, load_tokenizer=False)
+        engine.entry_format = check_entry_format(entry_format)
+        return engine
 
     # -- core --------------------------------------------------------------------------------
     def new_state(self) -> ModelState:
@@ -137,13 +144,15 @@ class HybridEngine:
     def build_entry(self, token_ids: Sequence[int], seam: int = 8,
                     should_stop: Callable[[], bool] | None = None) -> SegmentEntry:
         """Prefill one segment alone and keep what its reuse needs (a SegmentEntry).
-        should_stop: asked between layers; True stops the build (common.engine.pic.BuildCancelled)."""
-        return build_entry(self, token_ids, seam, should_stop)
+        should_stop: asked between layers; True stops the build (common.engine.pic.BuildCancelled).
+        The entry is in this engine's `entry_format` (its tensors as its bytes will hold them)."""
+        return build_entry(self, token_ids, seam, should_stop).with_format(self.entry_format)
 
     def check_entry(self, entry: SegmentEntry, token_ids: Sequence[int], seam: int) -> None:
         """Raise EntryMismatch unless `entry` is this model's entry of `token_ids` at seam width
-        `seam` (the effective one: common.engine.modes.seam_for)."""
-        entry.check(token_ids, seam=seam, fingerprint=self.fingerprint, dtype=self.dtype, layout=self.entry_layout)
+        `seam` (the effective one: common.engine.modes.seam_for), stored in its `entry_format`."""
+        entry.check(token_ids, seam=seam, fingerprint=self.fingerprint, dtype=self.dtype, layout=self.entry_layout,
+                    entry_format=self.entry_format)
 
     def prefill_segments(self, segments: Sequence[Sequence[int]], query: Sequence[int],
                          entries: Sequence[SegmentEntry | None] | None = None, mode: str = "hypic", seam: int = 8,

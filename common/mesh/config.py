@@ -28,7 +28,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
-from common.engine.dtypes import DTYPE_NAMES, check_dtype_name
+from common.engine.dtypes import DTYPE_NAMES, ENTRY_FORMATS, check_dtype_name, check_entry_format
 from common.mesh.fields import field_help
 from common.mesh.tls import TlsConfig
 
@@ -234,6 +234,9 @@ class WorkerConfig(ServiceConfig):
     device: str = dataclasses.field(default="cpu", metadata=field_help("torch device of the model"))
     threads: int = dataclasses.field(default=0, metadata=field_help("torch intra-op threads; 0 = torch's default"))
     entry_key_file: Optional[Path] = dataclasses.field(default=None, metadata=field_help(ENTRY_KEY_HELP))
+    entry_format: str = dataclasses.field(default="fp32", metadata=field_help(
+        "storage of entries' T and S: " + " | ".join(ENTRY_FORMATS) + " (every worker of a mesh the same; an entry "
+        "in another format is rebuilt)"))
 
     def check_worker(self) -> None:
         """check_server(), then: a model given (as a Path), a served dtype, threads >= 0
@@ -243,6 +246,7 @@ class WorkerConfig(ServiceConfig):
             raise ValueError(f"--model ({self.ENV_PREFIX}MODEL) is required")
         self.model = Path(self.model)
         check_dtype_name(self.dtype)
+        check_entry_format(self.entry_format)
         if self.threads < 0:
             raise ValueError("threads must be >= 0")
         if self.entry_key_file is not None:

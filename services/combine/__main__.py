@@ -38,7 +38,7 @@ class CombineService(service.Service):
         self.nixl_devices = restrict_nixl_to_host(self.cfg.host)  # before the first NIXL agent
         cfg = self.cfg
         self.engine = await asyncio.to_thread(HybridEngine.for_worker, cfg.model, cfg.dtype, cfg.device,
-                                              cfg.threads)
+                                              cfg.threads, cfg.entry_format)
         adopt_library_loggers()  # transformers, imported just now, logs as JSON too
         self.servicer = CombineServicer(self.cfg, self.engine)
         if self.cfg.warmup:

@@ -34,7 +34,7 @@ class ScatterService(service.Service):
     async def prepare(self) -> None:
         cfg = self.cfg
         self.engine = await asyncio.to_thread(HybridEngine.for_worker, cfg.model, cfg.dtype, cfg.device,
-                                              cfg.threads)
+                                              cfg.threads, cfg.entry_format)
         adopt_library_loggers()  # transformers, imported just now, logs as JSON too
         # One build thread: builds share one model (and build_entry hooks its layers while it
         # runs), and torch already spreads one build over the cores.

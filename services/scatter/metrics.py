@@ -17,6 +17,9 @@ BUILD_WAIT_SECONDS = Histogram("hypic_scatter_build_queue_seconds",
 BUILDS = Counter("hypic_scatter_builds", "Builds run (not counting joined ones)", ["result"])
 BUILD_TOKENS = Counter("hypic_scatter_build_tokens", "Tokens prefilled by builds")
 ENTRY_BYTES = Counter("hypic_scatter_entry_bytes", "Bytes of serialized entries built")
+ENTRY_BYTES_BY_FORMAT = Counter("hypic_scatter_entry_format_bytes",
+                                "Bytes of serialized entries built, by the storage format of their T and S "
+                                "(common.engine.pic.compact)", ["format"])
 BUILD_WORK = Counter("hypic_scatter_build_work_tokens",
                      "Tokens of builds, by part: done (prefilled; a stopped build counts the share of "
                      "layers it ran) or skipped (a queued build dropped, the layers a stopped build "

@@ -126,8 +126,9 @@ class ScatterServicer(scatter_grpc.ScatterServicer):
         m.BUILD_TOKENS.inc(len(fl.token_ids))
         m.BUILD_WORK.labels("done").inc(len(fl.token_ids))
         m.ENTRY_BYTES.inc(len(built.data))
+        m.ENTRY_BYTES_BY_FORMAT.labels(self.engine.entry_format).inc(len(built.data))
         fl.result.set_result(built)
-        log.info("built", key=fl.key, tokens=len(fl.token_ids), seam=fl.seam,
+        log.info("built", key=fl.key, tokens=len(fl.token_ids), seam=fl.seam, format=self.engine.entry_format,
                  bytes=len(built.data), build_s=round(built.build_s, 6))
         if fl.store:  # decided here, atomically with the result (no await in between)
             await self._store(fl, built)

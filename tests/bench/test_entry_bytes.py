@@ -5,6 +5,7 @@ import pytest
 
 from bench.entry_bytes import REAL_CONFIGS, build_meta_model, entry_table, layer_sizes
 from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic.compact import ENTRY_FORMATS
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
 # An entry built on every architecture, and the published configs on the meta device: ~1 min.
@@ -20,6 +21,8 @@ def test_counted_bytes_equal_a_real_entry(model_type, tmp_path, fresh_seed):
     s = layer_sizes(build_meta_model(model_type, PIC_CONFIGS[model_type]), dtype_bytes=4)
     assert s["n_linear"] + s["n_attn"] == sum(b is not None for b in entry.layers)
     assert s["linear_per_segment"] + s["attn_per_token"] * entry.body_len == entry.nbytes()
+    for fmt in ENTRY_FORMATS:  # the per-format columns: what entries stored in that format hold
+        assert s[f"linear_per_segment_{fmt}"] + s["attn_per_token"] * entry.body_len == entry.with_format(fmt).nbytes()
 
 
 def test_table_covers_the_published_configs():
@@ -31,4 +34,9 @@ def test_table_covers_the_published_configs():
     assert qn["attn_kv"] == 12 * 1000 * 2 * 2 * 256 * 2
     mm = rows["MiniMax-Text-01"]  # scalar T per head, no conv
     assert mm["linear_per_segment"] == 70 * (64 * 4 + 64 * 128 * 128 * 4)
+    # bf16 T and S: half the fp32 summary bytes, conv tails unchanged
+    assert qn["linear_per_segment_bf16"] == 36 * (2 * 32 * 128 * 128 * 2 + 3 * 8192 * 2)
+    assert qn["linear_per_segment_fp8"] == 36 * (2 * (32 * 128 * 128 + 4 * 32) + 3 * 8192 * 2)
+    assert mm["linear_per_segment_fp8"] == 70 * (64 * 4 + 64 * 128 * 128 + 4 * 64)  # scalar T stays fp32
+    assert qn["break_even_tokens_bf16"] < qn["break_even_tokens_fp32"]
     assert set(REAL_CONFIGS) >= set(rows)

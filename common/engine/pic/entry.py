@@ -12,6 +12,10 @@ kept per layer:
 - full-attention layer: the body's keys and values at their cache-time positions (seam ..
   n_tokens-1); reuse rotates them to their real positions.
 
+The linear part is stored in the entry's format (common.engine.pic.compact: fp32, bf16 or fp8 with
+per-head scales), named in the header and widened back to fp32 on parse; an entry's in-memory
+tensors are always what a reader of its bytes sees (`with_format` rounds them).
+
 Bytes: b"HYPE" | u32 header length | header JSON | safetensors payload | 16-byte digest. The
 digest (common.engine.checksum) covers every byte before it, so a corrupted entry is refused, never
 used; it is the one check of an entry's bytes on the hit path (readers skip the transport's).
@@ -33,11 +37,15 @@ from safetensors.torch import save as st_save
 
 from common.engine.checksum import DIGEST_BYTES, checksum
 from common.engine.dtypes import dtype_name
+from common.engine.pic.compact import DEFAULT_ENTRY_FORMAT, ENTRY_FORMATS, FP8, check_format, decode, encode, round_trip
 from common.engine.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
 from kernels.linear_attn import Summary, summary_form
 
 MAGIC = b"HYPE"
-FORMAT_VERSION = 2  # 2: trailing common.engine.checksum digest, payload 8-aligned (version 1 still read)
+FORMAT_VERSION = 3  # 3: "format" in the header (compact T/S); 2: trailing digest, 8-aligned; 1: blake2b
+# fp32 entries are still written as version 2 (byte for byte what readers before formats expect);
+# versions 1 and 2 read as format fp32
+FP32_VERSION = 2
 PAYLOAD_ALIGN = 8
 
 
@@ -93,6 +101,22 @@ class SegmentEntry:
     model_fingerprint: str
     dtype: str
     layers: list[LinearBody | AttentionBody | None] = field(default_factory=list)
+    format: str = DEFAULT_ENTRY_FORMAT  # storage format of the linear part (common.engine.pic.compact)
+
+    def with_format(self, fmt: str) -> "SegmentEntry":
+        """This entry stored in format `fmt`: T (matrix form) and S rounded as its bytes will hold
+        them, so the builder composes with exactly what every reader of the entry sees."""
+        check_format(fmt)
+        if fmt == self.format:
+            return self
+        if self.format != "fp32":
+            raise EntryError(f"an entry in {self.format} cannot be restored to {fmt}")
+        layers = [
+            LinearBody(T=round_trip(b.T, fmt) if b.form == "matrix" else b.T, form=b.form, S=round_trip(b.S, fmt),
+                       conv_tail=b.conv_tail, warmup_inputs=b.warmup_inputs) if isinstance(b, LinearBody) else b
+            for b in self.layers
+        ]
+        return SegmentEntry(self.token_ids, self.seam, self.model_fingerprint, self.dtype, layers, fmt)
 
     @property
     def n_tokens(self) -> int:
@@ -115,6 +139,7 @@ class SegmentEntry:
         return segment_key(self.model_fingerprint, self.seam, self.dtype, self.token_ids)
 
     def nbytes(self) -> int:
+        """Bytes of the stored tensors (in the entry's format)."""
         return sum(t.numel() * t.element_size() for t in self._tensors().values())
 
     @property
@@ -122,10 +147,11 @@ class SegmentEntry:
         return [body_kind(b) for b in self.layers]
 
     def check(self, token_ids: Sequence[int], *, seam: int, fingerprint: str, dtype: torch.dtype | str,
-              layout: Sequence[str] | None = None) -> None:
+              layout: Sequence[str] | None = None, entry_format: str | None = None) -> None:
         """The one check that this entry fits a request: built by the model `fingerprint` names,
         in `dtype`, with seam width `seam` (the request's effective seam, see common.engine.modes), for
-        exactly `token_ids`, and (when given) with the model's per-layer `layout` (`entry_layout`).
+        exactly `token_ids`, and (when given) with the model's per-layer `layout` (`entry_layout`) and
+        stored in `entry_format` (a combine configured for fp32 entries never composes a lossy one).
         Raises EntryMismatch saying what differs."""
         if self.model_fingerprint != fingerprint:
             raise EntryMismatch(f"entry built for another model ({self.model_fingerprint[:12]})")
@@ -137,13 +163,16 @@ class SegmentEntry:
             raise EntryMismatch("entry holds other tokens than the segment")
         if layout is not None and self.layout != list(layout):
             raise EntryMismatch(f"entry layers {self.layout} do not fit the model's {list(layout)}")
+        if entry_format is not None and self.format != entry_format:
+            raise EntryMismatch(f"entry stored in {self.format}, the request expects {entry_format}")
 
     # -- bytes ------------------------------------------------------------------------------
     def _tensors(self) -> dict[str, torch.Tensor]:
         out = {}
         for i, body in enumerate(self.layers):
             if isinstance(body, LinearBody):
-                out[f"{i}.T"], out[f"{i}.S"] = body.T, body.S
+                out.update(encode(f"{i}.T", body.T, self.format, compact=body.form == "matrix"))
+                out.update(encode(f"{i}.S", body.S, self.format, compact=True))
                 if body.conv_tail is not None:
                     out[f"{i}.conv"] = body.conv_tail
                 if body.warmup_inputs is not None:
@@ -159,9 +188,11 @@ class SegmentEntry:
             for b in self.layers
         ]
         header = dict(
-            version=FORMAT_VERSION, token_ids=self.token_ids, seam=self.seam, fingerprint=self.model_fingerprint,
+            version=FP32_VERSION if self.format == "fp32" else FORMAT_VERSION, token_ids=self.token_ids, seam=self.seam, fingerprint=self.model_fingerprint,
             dtype=self.dtype, layers=kinds,
         )
+        if self.format != "fp32":
+            header["format"] = self.format
         hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         # trailing spaces (valid JSON) so the payload, and with it every tensor, starts 8-aligned
         hb += b" " * (-(8 + len(hb)) % PAYLOAD_ALIGN)
@@ -189,7 +220,10 @@ class SegmentEntry:
         except ValueError as e:
             raise EntryError(f"corrupted entry header: {e}") from None
         version = header.get("version") if isinstance(header, dict) else None
-        if version == FORMAT_VERSION:
+        fmt = header.get("format", "fp32") if version == FORMAT_VERSION else "fp32"
+        if fmt not in ENTRY_FORMATS:
+            raise EntryError(f"unknown entry format {fmt!r}")
+        if version in (FORMAT_VERSION, FP32_VERSION):
             if len(mv) < 8 + n + DIGEST_BYTES:
                 raise EntryError("truncated entry")
             if not sealed and checksum(mv[:-DIGEST_BYTES]) != bytes(mv[-DIGEST_BYTES:]):
@@ -203,16 +237,18 @@ class SegmentEntry:
             raise EntryError(f"entry format version {version} (expected {FORMAT_VERSION})")
         tensors = _view_safetensors(payload)
         try:
-            layers = [_layer(tensors, i, kind, device) for i, kind in enumerate(header["layers"])]
-            return cls(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers)
-        except (KeyError, TypeError, AttributeError) as e:
+            layers = [_layer(tensors, i, kind, device, fmt) for i, kind in enumerate(header["layers"])]
+            return cls(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers, fmt)
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise EntryError(f"malformed entry header: {e!r}") from None
 
 
-def _layer(tensors: dict[str, torch.Tensor], i: int, kind: str, device) -> LinearBody | AttentionBody | None:
+def _layer(tensors: dict[str, torch.Tensor], i: int, kind: str, device,
+           fmt: str = "fp32") -> LinearBody | AttentionBody | None:
     if kind.startswith("linear:"):
         opt = lambda name: tensors[name].to(device) if name in tensors else None  # noqa: E731
-        return LinearBody(T=tensors[f"{i}.T"].to(device), form=kind.split(":", 1)[1], S=tensors[f"{i}.S"].to(device),
+        T, S = decode(tensors, f"{i}.T", fmt).to(device), decode(tensors, f"{i}.S", fmt).to(device)
+        return LinearBody(T=T, form=kind.split(":", 1)[1], S=S,
                           conv_tail=opt(f"{i}.conv"), warmup_inputs=opt(f"{i}.warm"))
     if kind == "attention":
         return AttentionBody(tensors[f"{i}.k"].to(device), tensors[f"{i}.v"].to(device))
@@ -222,7 +258,7 @@ def _layer(tensors: dict[str, torch.Tensor], i: int, kind: str, device) -> Linea
 # -- safetensors payload, viewed in place (safetensors.torch.load copies every tensor) -------
 ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-             "BOOL": torch.bool}
+             "BOOL": torch.bool, "F8_E4M3": FP8}
 
 
 def _view_safetensors(payload: memoryview) -> dict[str, torch.Tensor]:
