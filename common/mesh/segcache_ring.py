@@ -117,6 +117,7 @@ class SegcacheRing:
         self.clients: dict[str, SegcacheClient] = {a: self._new_client(a) for a in self.addresses}
         self._down_until: dict[str, float] = {}
         self._retiring: set[asyncio.Task] = set()
+        self._left_at: dict[str, float] = {}  # member -> when its record went away
         self.members: MemberSet | None = None
         self._discovery: asyncio.Task | None = None
         if self.dns_target is not None:
@@ -144,7 +145,7 @@ class SegcacheRing:
             return
         if self._discovery is None:
             self._discovery = asyncio.get_running_loop().create_task(self.members.run())
-        while not self.members._resolved and not self._discovery.done():
+        while not self.members.resolved and not self._discovery.done():
             await asyncio.sleep(0.01)  # run() resolves first, then sleeps refresh_s
 
     def set_members(self, members: Sequence[str]) -> None:
@@ -156,17 +157,20 @@ class SegcacheRing:
                 self.clients[a] = self._new_client(a)
         gone = [a for a in self.addresses if a not in members]
         if gone or members != self.addresses:
-            log.info("segcache members", members=members, joined=[a for a in members if a not in self.addresses],
-                     left=gone)
+            log.info("segcache members", members=members, left=gone,
+                     joined=[a for a in members if a not in self.addresses])
         self.addresses = list(members)
         for a in gone:
+            self._left_at[a] = time.monotonic()
             t = asyncio.get_running_loop().create_task(self._retire(a))
             self._retiring.add(t)
             t.add_done_callback(self._retiring.discard)
 
     async def _retire(self, address: str) -> None:
         await asyncio.sleep(RETIRE_GRACE_S)
-        if address not in self.addresses and address in self.clients:  # not back in the meantime
+        # Not back in the meantime, and not back and gone again (then its own task closes it).
+        if (address not in self.addresses and address in self.clients
+                and time.monotonic() - self._left_at.get(address, 0.0) >= RETIRE_GRACE_S):
             self._down_until.pop(address, None)
             await self.clients.pop(address).close()
 

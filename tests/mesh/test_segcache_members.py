@@ -117,3 +117,33 @@ def test_static_ring_needs_addresses_and_a_dns_ring_does_not():
         assert ring.addresses == [] and ring.target == "dns://127.0.0.1:9/none.test:1"
         await ring.close()                      # never started: nothing to stop
     asyncio.run(scenario())
+
+
+def test_departed_members_leave_placement_at_once_and_close_after_the_grace(monkeypatch, fresh_seed):
+    import common.mesh.segcache_ring as ring_module
+    monkeypatch.setattr(ring_module, "RETIRE_GRACE_S", 0.2)
+    rng = random.Random(fresh_seed)
+    keys = [f"seg-{rng.getrandbits(64):016x}" for _ in range(200)]
+    a, b, c = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"   # channels connect lazily: nothing dialled
+
+    async def scenario() -> None:
+        ring = SegcacheRing("dns://127.0.0.1:9/none.test:1", refresh_s=0.2)
+        ring.set_members([a, b, c])
+        assert {ring.owner(k) for k in keys} == {a, b, c}
+        ring.set_members([b, c])                  # a leaves: out of placement now, client kept
+        assert all(ring.owner(k) == owner(k, [b, c]) for k in keys) and a in ring.clients
+        ring.set_members([b])                     # c leaves ...
+        await asyncio.sleep(0.1)
+        ring.set_members([b, c])                  # ... and is back within the grace: kept
+        await asyncio.sleep(0.3)
+        assert a not in ring.clients and set(ring.clients) == {b, c}
+        ring.set_members([b])                     # c leaves, returns, leaves again: its last
+        await asyncio.sleep(0.1)                  # departure's grace counts, not the first's
+        ring.set_members([b, c])
+        ring.set_members([b])
+        await asyncio.sleep(0.15)
+        assert c in ring.clients
+        await asyncio.sleep(0.15)
+        assert set(ring.clients) == {b}
+        await ring.close()
+    asyncio.run(scenario())
