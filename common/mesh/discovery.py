@@ -144,6 +144,11 @@ class MemberSet:
         self._resolved = False
         self._failing = False
 
+    @property
+    def resolved(self) -> bool:
+        """Whether the first resolution has happened (members may still be empty)."""
+        return self._resolved
+
     async def refresh(self) -> list[str]:
         """Resolve once; keep the last good member list when the resolver itself fails (a DNS
         outage must not empty the mesh); a name that has no records is an empty set."""

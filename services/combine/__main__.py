@@ -15,6 +15,7 @@ from common.engine.hybrid_engine import HybridEngine
 from common.mesh import service
 from common.mesh.log import adopt_library_loggers
 from common.mesh.nixl_listen import restrict_nixl_to_host
+from common.mesh.discovery import MemberSet, parse_target
 from common.mesh.segcache_ring import parse_addresses
 from protos.hypic.v1 import combine_pb2_grpc as combine_grpc
 from services.combine.config import ENV_PREFIX, CombineConfig
@@ -44,7 +45,11 @@ class CombineService(service.Service):
         if self.cfg.warmup:
             await self.servicer.run(warmup, self.engine)
         if self.cfg.segcache_address:  # NIXL agent and probe now, not in the first request
-            for addr in parse_addresses(self.cfg.segcache_address):
+            # dns:///name:port: the members now (later ones are probed at their first plan)
+            target = parse_target(self.cfg.segcache_address)
+            members = (await MemberSet(target, refresh_s=0, what="segcache").refresh()
+                       if target.is_dns else parse_addresses(self.cfg.segcache_address))
+            for addr in members:
                 await self.servicer.peers.prepare(addr, timeout=60.0)
 
     def register(self, server, port: int) -> None:

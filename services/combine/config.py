@@ -55,7 +55,8 @@ class CombineConfig(WorkerConfig):  # + model, dtype, device, threads, entry_key
         "longest wait to connect to a scatter worker or segcache before trying elsewhere"))
     # --- peers ---------------------------------------------------------------------------
     segcache_address: Optional[str] = field(default=None, metadata=field_help(
-        "segcache (host:port or a comma-separated list) used when a plan names none; empty = none (every segment is built)"))
+        "segcache (host:port, a comma-separated list or dns:///name:port) used when a plan names none; "
+        "empty = none (every segment is built)"))
     nixl: bool = field(default=True, metadata=field_help(
         "read segcache hits with NIXL when both ends have it (else the gRPC stream)"))
     nixl_min_bytes: int = field(default=1 * MiB, metadata=field_help(

@@ -49,8 +49,9 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     grace_s: float = field(default=5.0, metadata=field_help("graceful-shutdown grace period"))
     # --- the mesh ------------------------------------------------------------------------
     segcache_address: str = field(default="", metadata=field_help(
-        "segcache host:port, or a comma-separated list (each key on one instance, by rendezvous "
-        "hashing over the healthy ones); empty = no cache (every segment is a miss, nothing stored)"))
+        "segcache host:port, a comma-separated list, or dns:///name:port (every record a member, "
+        "re-resolved every discovery_refresh_s); each key on one instance, by rendezvous hashing "
+        "over the healthy ones; empty = no cache (every segment is a miss, nothing stored)"))
     scatter_addresses: str = field(default="", metadata=field_help(
         "scatter workers: host:port list, comma-separated, or dns:///name:port (every record a "
         "worker); empty (or no members) = misses are built on combine"))

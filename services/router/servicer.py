@@ -74,10 +74,11 @@ class RouterServicer(router_grpc.RouterServicer):
             MemberSet(cfg.combine_target, refresh_s=cfg.discovery_refresh_s,
                       listener=self.combines.apply, what="combine")]
         self.segcache: SegcacheRing | None = None
-        if cfg.segcache_address:  # one address or many (keys placed by rendezvous hashing)
+        if cfg.segcache_address:  # many, or dns:///name:port (keys placed by rendezvous hashing)
             self.segcache = SegcacheRing(
                 cfg.segcache_address, open_channel=lambda a: open_channel(a, options, cfg),
-                timeout_s=cfg.lookup_timeout_s, max_message_bytes=cfg.max_message_bytes)
+                timeout_s=cfg.lookup_timeout_s, max_message_bytes=cfg.max_message_bytes,
+                refresh_s=cfg.discovery_refresh_s)
         self.holder = f"router-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # build claims' holder
         self.in_flight = 0
         self._tasks: list[asyncio.Task] = []
@@ -86,6 +87,8 @@ class RouterServicer(router_grpc.RouterServicer):
     # ---- lifecycle ---------------------------------------------------------------------------
     async def start_background(self) -> None:
         """Resolve the members once (so the first request sees them), then keep them current."""
+        if self.segcache is not None:
+            await self.segcache.start()  # a dns: target: resolved now, then re-resolved
         for ms in self.discovery:
             if ms.target.is_dns:
                 await ms.refresh()

@@ -40,7 +40,8 @@ class ScatterConfig(WorkerConfig):  # + model, dtype, device, threads, entry_key
     grace_s: float = field(default=5.0, metadata=field_help("graceful-shutdown grace period"))
     # --- segcache --------------------------------------------------------------------------
     segcache_address: Optional[str] = field(default=None, metadata=field_help(
-        "segcache host:port (or a comma-separated list: each key on its rendezvous instance) "
+        "segcache host:port (or a comma-separated list, or dns:///name:port: each key on its "
+        "rendezvous instance) "
         "where built entries are stored (store=true); empty = never store"))
     segcache_timeout_s: float = field(default=30.0, metadata=field_help("timeout of one segcache Put"))
 

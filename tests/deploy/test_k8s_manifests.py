@@ -33,6 +33,7 @@ MODELS = {
     ("v1", "Service"): k8s.V1Service,
     ("v1", "PersistentVolumeClaim"): k8s.V1PersistentVolumeClaim,
     ("apps/v1", "Deployment"): k8s.V1Deployment,
+    ("apps/v1", "StatefulSet"): k8s.V1StatefulSet,
     ("autoscaling/v2", "HorizontalPodAutoscaler"): k8s.V2HorizontalPodAutoscaler,
     ("policy/v1", "PodDisruptionBudget"): k8s.V1PodDisruptionBudget,
 }
@@ -77,8 +78,13 @@ def service_kind(container: dict) -> str | None:
     return None
 
 
+def workloads(objects: dict) -> dict[str, dict]:
+    """Deployments and StatefulSets (segcache's members), by name."""
+    return of_kind(objects, "Deployment") | of_kind(objects, "StatefulSet")
+
+
 def hypic_containers(objects: dict):
-    for name, dep in of_kind(objects, "Deployment").items():
+    for name, dep in workloads(objects).items():
         for c in dep["spec"]["template"]["spec"]["containers"]:
             kind = service_kind(c)
             if kind:
@@ -109,7 +115,7 @@ def test_strict_loading_catches_a_misspelt_field(objects) -> None:
 
 
 def test_kustomization_images_name_the_containers_images(kustomization, objects) -> None:
-    images = {c["image"] for d in of_kind(objects, "Deployment").values()
+    images = {c["image"] for d in workloads(objects).values()
               for c in d["spec"]["template"]["spec"]["containers"]}
     assert {i["name"] for i in kustomization["images"]} == images
     ns = of_kind(objects, "Namespace")
@@ -184,7 +190,7 @@ def selects(selector: dict, labels: dict) -> bool:
 
 
 def pods_of(objects: dict, selector: dict) -> list[str]:
-    return [n for n, d in of_kind(objects, "Deployment").items()
+    return [n for n, d in workloads(objects).items()
             if selects(selector, d["spec"]["template"]["metadata"]["labels"])]
 
 
@@ -192,13 +198,13 @@ def test_services_select_pods_and_target_their_ports(objects) -> None:
     for name, svc in of_kind(objects, "Service").items():
         deps = pods_of(objects, svc["spec"]["selector"])
         assert len(deps) == 1, f"Service {name} selects {deps}"
-        dep = of_kind(objects, "Deployment")[deps[0]]
+        dep = workloads(objects)[deps[0]]
         named = {p["name"]: p["containerPort"]
                  for c in dep["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
         for p in svc["spec"]["ports"]:
             assert p["targetPort"] in named, f"Service {name}: no container port {p['targetPort']}"
             assert p["port"] == named[p["targetPort"]], f"Service {name}: {p}"
-    for name, dep in of_kind(objects, "Deployment").items():
+    for name, dep in workloads(objects).items():
         assert selects(dep["spec"]["selector"]["matchLabels"],
                        dep["spec"]["template"]["metadata"]["labels"]), name
 
@@ -241,12 +247,13 @@ def test_addresses_resolve_to_the_right_services(objects) -> None:
 
 
 def test_autoscalers_budgets_and_volumes_point_at_what_exists(objects) -> None:
-    deps = of_kind(objects, "Deployment")
+    deps = workloads(objects)
     hpas = of_kind(objects, "HorizontalPodAutoscaler")
-    assert {h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()} == {"scatter", "combine", "front"}
+    assert {h["spec"]["scaleTargetRef"]["name"] for h in hpas.values()} == {
+        "scatter", "combine", "front", "router", "segcache"}
     for name, h in hpas.items():
         ref = h["spec"]["scaleTargetRef"]
-        assert ref["kind"] == "Deployment" and ref["name"] in deps, name
+        assert (ref["kind"], ref["name"]) in objects and ref["name"] in deps, name
         assert h["spec"]["minReplicas"] <= deps[ref["name"]]["spec"]["replicas"] <= \
             h["spec"]["maxReplicas"], name
     pdbs = of_kind(objects, "PodDisruptionBudget")
@@ -257,17 +264,20 @@ def test_autoscalers_budgets_and_volumes_point_at_what_exists(objects) -> None:
     for name, dep in deps.items():
         spec = dep["spec"]["template"]["spec"]
         vols = {v["name"]: v for v in spec.get("volumes", [])}
+        vols |= {t["metadata"]["name"]: t for t in dep["spec"].get("volumeClaimTemplates", [])}
         for c in spec["containers"]:
             for m in c.get("volumeMounts", []):
                 assert m["name"] in vols, f"{name}: mount of unknown volume {m['name']}"
         for v in vols.values():
             if "persistentVolumeClaim" in v:
                 assert v["persistentVolumeClaim"]["claimName"] in claims, name
-    seg = deps["segcache"]
-    assert seg["spec"]["strategy"]["type"] == "Recreate"  # a ReadWriteOnce LMDB volume
+    seg = of_kind(objects, "StatefulSet")["segcache"]  # each member its own LMDB volume
+    assert [t["metadata"]["name"] for t in seg["spec"]["volumeClaimTemplates"]] == ["data"]
     data_dir = str(loaded_config(seg["spec"]["template"]["spec"]["containers"][0], "segcache").data_dir)
-    mounts = [m["mountPath"] for m in seg["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]]
-    assert any(data_dir.startswith(m) for m in mounts), "segcache's LMDB is not on the volume"
+    mounts = {m["mountPath"]: m["name"]
+              for m in seg["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert any(data_dir.startswith(m) and v == "data" for m, v in mounts.items()), \
+        "segcache's LMDB is not on the member's own volume"
     assert "mooncake-master" in deps and "mooncake-master" in of_kind(objects, "Service")
 
 
@@ -313,7 +323,7 @@ def mounted_files(spec: dict, container: dict, secrets: dict) -> dict[str, tuple
     vols = {v["name"]: v for v in spec.get("volumes", [])}
     out = {}
     for m in container.get("volumeMounts", []):
-        v = vols[m["name"]]
+        v = vols.get(m["name"], {})  # absent: a volumeClaimTemplate (segcache's LMDB), no secret
         sources = [s["secret"] for s in v.get("projected", {}).get("sources", []) if "secret" in s]
         if "secret" in v:
             sources.append({"name": v["secret"]["secretName"], **({"items": v["secret"]["items"]}
@@ -417,7 +427,7 @@ def test_kubectl_kustomize_renders_with_the_secrets_it_names(tmp_path) -> None:
     assert len(secrets) == len(yaml.safe_load((K8S / "kustomization.yaml").read_text())["secretGenerator"])
     refs = set()
     for d in docs:
-        if d["kind"] != "Deployment":
+        if d["kind"] not in ("Deployment", "StatefulSet"):
             continue
         spec = d["spec"]["template"]["spec"]
         for v in spec.get("volumes", []):
@@ -426,3 +436,28 @@ def test_kubectl_kustomize_renders_with_the_secrets_it_names(tmp_path) -> None:
             refs |= {e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", [])
                      if "secretKeyRef" in e.get("valueFrom", {})}
     assert refs == secrets, refs ^ secrets
+
+
+# ---- the cache tier and the routers scale on their own ----------------------------------------------
+def test_segcache_members_are_found_by_name_and_autoscaled(objects) -> None:
+    """Every client reaches segcache by its headless Service (dns:///: every member pod), the
+    members are a StatefulSet governed by that Service, and HPAs grow segcache on memory and the
+    routers on CPU (what a plain cluster's metrics-server gives; the request rate needs an adapter)."""
+    seg = of_kind(objects, "StatefulSet")["segcache"]
+    svc = of_kind(objects, "Service")[seg["spec"]["serviceName"]]
+    assert svc["spec"].get("clusterIP") == "None"
+    assert pods_of(objects, svc["spec"]["selector"]) == ["segcache"]
+    clients = 0
+    for name, _, c, kind in hypic_containers(objects):
+        cfg = loaded_config(c, kind)
+        if kind in ("scatter", "combine", "router"):
+            assert parse_target(cfg.segcache_address).is_dns, f"{name}: segcache by a list, not by name"
+            clients += 1
+    assert clients >= 3
+    hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(objects, "HorizontalPodAutoscaler").values()}
+    for target, resource in (("segcache", "memory"), ("router", "cpu")):
+        metrics = hpas[target]["spec"]["metrics"]
+        assert [(m["type"], m["resource"]["name"]) for m in metrics] == [("Resource", resource)], target
+        container = workloads(objects)[target]["spec"]["template"]["spec"]["containers"][0]
+        assert resource in container["resources"]["requests"], f"{target}: utilization needs a request"
+        assert 2 <= hpas[target]["spec"]["minReplicas"] < hpas[target]["spec"]["maxReplicas"]
