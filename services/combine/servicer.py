@@ -33,6 +33,7 @@ from common.mesh.abort import Abort
 from common.mesh.checks import WorkerModel, check_plan
 from common.mesh.guard import internal_details
 from common.mesh.log import new_request_id, sanitize_request_id
+from common.mesh.discovery import MemberSet, parse_target
 from common.mesh.segcache_ring import parse_addresses
 from common.mesh.tracing import traced
 from protos.hypic.v1 import combine_pb2 as combine_pb
@@ -120,18 +121,43 @@ def eos_token_ids(engine: Any, model_dir: Path) -> set[int]:
     return found
 
 
-def planned_segcache(planned: str, configured: str | None) -> str | None:
+def planned_segcache(planned: str, configured: str | None, known: list[str] | None = None) -> str | None:
     """The segcache instances a plan may use: those it names when each is a member combine knows
-    (its --segcache-address ring, spelled the same), else INVALID_ARGUMENT: a plan does not choose
-    where combine connects, and presents its writer certificate. A plan naming none: the ring."""
+    (its --segcache-address ring, spelled the same; for a dns:/// target, `known`: its members as
+    resolved now), else INVALID_ARGUMENT: a plan does not choose where combine connects, and
+    presents its writer certificate. A plan naming none: the ring."""
     if not planned.strip():
         return configured
-    known = set(parse_addresses(configured))
-    unknown = [a for a in parse_addresses(planned) if a not in known]
+    members = set(known if known is not None else parse_addresses(configured))
+    unknown = [a for a in parse_addresses(planned) if a not in members]
     if unknown:
         raise Abort.invalid(f"plan names segcache {', '.join(unknown)[:200]}, not a member this combine "
-                            f"knows ({len(known)} configured with --segcache-address)")
+                            f"knows ({len(members)} from --segcache-address)")
     return planned
+
+
+class SegcacheMembers:
+    """The members of combine's segcache target that plans may name. A static list is what it
+    says; a dns:/// target is re-resolved when a plan names a member not seen yet (a member that
+    joined since), at most once every `min_refresh_s`, so a plan cannot make combine flood DNS."""
+
+    def __init__(self, configured: str | None, min_refresh_s: float = 1.0):
+        target = parse_target(configured) if configured else None
+        self.members = (MemberSet(target, refresh_s=min_refresh_s, what="segcache")
+                        if target is not None and target.is_dns else None)
+        self.min_refresh_s = min_refresh_s
+        self._last_refresh = -float("inf")
+
+    async def known(self, planned: str) -> list[str] | None:
+        """The members to check `planned` against (None: the configured static list)."""
+        if self.members is None:
+            return None
+        names = parse_addresses(planned) if planned.strip() else []
+        stale = not self.members.resolved or any(a not in self.members.members for a in names)
+        if stale and time.monotonic() - self._last_refresh >= self.min_refresh_s:
+            self._last_refresh = time.monotonic()
+            await self.members.refresh()
+        return list(self.members.members)
 
 
 class CombineServicer(combine_grpc.CombineServicer):
@@ -143,6 +169,7 @@ class CombineServicer(combine_grpc.CombineServicer):
         self.secret = load_secret(cfg.entry_key_file)
         self.eos = eos_token_ids(engine, cfg.model)  # type: ignore[arg-type]
         self.peers = Peers(cfg)
+        self.segcache_members = SegcacheMembers(cfg.segcache_address)
         self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="combine-engine")
         self.in_flight = 0
 
@@ -156,7 +183,8 @@ class CombineServicer(combine_grpc.CombineServicer):
         self.engine_thread.shutdown(wait=True, cancel_futures=True)
 
     # ---- validation ---------------------------------------------------------------------
-    def _start(self, plan: combine_pb.Plan, rid: str, t_start: float, context) -> _Execution:
+    def _start(self, plan: combine_pb.Plan, rid: str, t_start: float, context,
+               segcache_known: list[str] | None = None) -> _Execution:
         """A validated plan, ready to run (Abort when it is not valid)."""
         checked = check_plan(plan, self.worker_model, max_new_tokens=self.cfg.max_new_tokens,
                              max_prompt_tokens=self.cfg.max_prompt_tokens)
@@ -167,7 +195,8 @@ class CombineServicer(combine_grpc.CombineServicer):
             deadline=Deadline(remaining if remaining is not None else self.cfg.default_timeout_s),
             seam=checked.seam, dtype=self.dtype,
             scatter_addresses=list(plan.scatter_addresses),
-            segcache_address=planned_segcache(plan.segcache_address, self.cfg.segcache_address),
+            segcache_address=planned_segcache(plan.segcache_address, self.cfg.segcache_address,
+                                              segcache_known),
             store=plan.store_entries,
             segcache_keys=[k for s, k in zip(plan.segments, keys) if s.source == combine_pb.SOURCE_SEGCACHE],
             secret=self.secret)
@@ -188,7 +217,8 @@ class CombineServicer(combine_grpc.CombineServicer):
         rid = sanitize_request_id(plan.request_id) or structlog.contextvars.get_contextvars().get("request_id") or new_request_id()
         structlog.contextvars.bind_contextvars(request_id=rid)
         try:
-            ex = self._start(plan, rid, t_start, context)
+            known = await self.segcache_members.known(plan.segcache_address)
+            ex = self._start(plan, rid, t_start, context, known)
         except Abort as e:
             m.REQUESTS.labels(_mode_label(plan.mode), "rejected").inc()
             log.info("plan rejected", code=e.code.name, details=e.details)

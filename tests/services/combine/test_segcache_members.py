@@ -9,7 +9,8 @@ import pytest
 
 from common.mesh.abort import Abort
 from protos.hypic.v1 import combine_pb2 as combine_pb
-from services.combine.servicer import planned_segcache
+from services.combine.servicer import SegcacheMembers, planned_segcache
+from tests.support.dns_server import LoopbackDNS
 from tests.support.worker_mesh import (arun, assert_matches, execute, make_plan, prompt, reference,
                                        status_of)
 
@@ -27,6 +28,30 @@ def test_planned_segcache_accepts_only_ring_members():
     with pytest.raises(Abort):
         planned_segcache("10.0.0.1:50061", None)  # no ring: no plan chooses one
     assert planned_segcache("", None) is None
+
+
+def test_a_dns_target_accepts_its_members_as_resolved_now():
+    """With --segcache-address dns:///name:port, the router's plans name the resolved members:
+    those are accepted (a member that joined since is found by re-resolving), others are not."""
+    import asyncio
+
+    async def scenario(dns: LoopbackDNS) -> None:
+        target = dns.target("segcache.test", 50061)
+        members = SegcacheMembers(target, min_refresh_s=0.0)
+        dns.set("segcache.test", ["127.0.0.2"])
+        known = await members.known("127.0.0.2:50061")
+        assert planned_segcache("127.0.0.2:50061", target, known) == "127.0.0.2:50061"
+        dns.set("segcache.test", ["127.0.0.2", "127.0.0.3"])  # a member joins
+        known = await members.known("127.0.0.3:50061")
+        assert planned_segcache("127.0.0.3:50061,127.0.0.2:50061", target, known)
+        for foreign in ("127.0.0.4:50061", "127.0.0.2:50062"):
+            with pytest.raises(Abort) as e:
+                planned_segcache(foreign, target, await members.known(foreign))
+            assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert planned_segcache("", target, await members.known("")) == target
+
+    with LoopbackDNS() as dns:
+        asyncio.run(scenario(dns))
 
 
 @pytest.mark.processes
