@@ -51,6 +51,10 @@ class Row:
     def right(self, mode: str) -> bool:
         return all(a == self.expected for a in self.answers[mode])
 
+# 8 documents (~4.2k tokens) go past the 4096 positions the bundled model declares (its router
+# limit by default); its RoPE has no position table, so the demo's mesh allows them.
+MESH_ARGS = {"router": ["--max-prompt-tokens", "8192"]}
+
 
 def session(n_questions: int, filler: tuple[int, int] = DOC_FILLER,
             world_index: int = WORLD) -> tuple[list[str], list[tuple[str, str]]]:
@@ -136,10 +140,7 @@ def main(argv=None) -> int:
     docs, questions = session(args.questions)
     with tempfile.TemporaryDirectory() as data:
         print(f"starting the mesh (segcache, {args.scatter} scatter, combine, router) on {args.model} ...")
-        # 8 documents (~4.2k tokens) go past the 4096 positions the bundled model declares (its
-        # router limit by default); its RoPE has no position table, so the demo allows them.
-        with Mesh(args.model, data, n_scatter=args.scatter, threads=1,
-                  extra_args={"router": ["--max-prompt-tokens", "8192"]}) as mesh:
+        with Mesh(args.model, data, n_scatter=args.scatter, threads=1, extra_args=MESH_ARGS) as mesh:
             print(f"router at {mesh.router_address}\n")
             with hypic.Client(mesh.router_address, timeout=300) as client:
                 tokens = client.generate(segments=docs, query=questions[0][0], max_tokens=1, stream=False,

@@ -23,7 +23,8 @@ def test_documents_are_long_enough_for_reuse_to_matter() -> None:
 @pytest.mark.slow
 def test_the_session_is_answered_right_cold_then_warm_in_both_modes(tmp_path) -> None:
     docs, questions = demo.session(3)
-    with Mesh(DEFAULT_MODEL, tmp_path / "data", n_scatter=2, threads=1, start_timeout_s=150) as mesh, \
+    with Mesh(DEFAULT_MODEL, tmp_path / "data", n_scatter=2, threads=1, start_timeout_s=150,
+              extra_args=demo.MESH_ARGS) as mesh, \
             hypic.Client(mesh.router_address, timeout=120) as client:
         rows = list(demo.run_session(client, docs, questions, repeats=2))
     assert [r.cache for r in rows] == ["cold", "warm", "warm"]
