@@ -31,7 +31,7 @@ from tests.support.tiny import PIC_CONFIGS, save_tiny
 SEAM = 8
 DEEP = dict(PIC_CONFIGS["qwen3_5_text"], num_hidden_layers=12,
             layer_types=["linear_attention", "full_attention"] * 6)
-SEGMENT_TOKENS = 5000  # ~1-2 s per build of DEEP on one CPU thread
+SEGMENT_TOKENS = 5000  # ~1-2 s per build of DEEP on one CPU thread (the router cuts nothing: --cut-tokens 0)
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def scatter_events(mesh, event: str) -> list[dict]:
 def test_abandoned_requests_stop_running_builds(model, engine, tmp_path, fresh_seed):
     g = random.Random(fresh_seed)
     with Mesh(model, tmp_path, n_scatter=1, threads=1, seam=SEAM, start_timeout_s=180,
-              extra_args={"router": ["--max-prompt-tokens", "40000"],
+              extra_args={"router": ["--max-prompt-tokens", "40000", "--cut-tokens", "0"],
                           "scatter": ["--metrics-port", "0"]}) as mesh:
         port = mesh["scatter0"].info["metrics_port"]
         with hypic.Client(mesh.router_address, timeout=120) as c:
@@ -160,7 +160,7 @@ def test_an_abandoned_request_stops_combines_local_build(model, engine, tmp_path
     stops between layers when the request goes away, and the next request is served."""
     g = random.Random(fresh_seed)
     with Mesh(model, tmp_path, n_scatter=0, threads=1, seam=SEAM, start_timeout_s=180,
-              extra_args={"router": ["--max-prompt-tokens", "40000"]}) as mesh:
+              extra_args={"router": ["--max-prompt-tokens", "40000", "--cut-tokens", "0"]}) as mesh:
         with hypic.Client(mesh.router_address, timeout=120) as c:
             c.generate(segments=[doc(g, 40)], query=[3, 4], max_tokens=1, stream=False)  # warm
             segs, query = [doc(g, SEGMENT_TOKENS) for _ in range(2)], [5, 6, 7]
