@@ -49,6 +49,11 @@ def test_a_dns_target_accepts_its_members_as_resolved_now():
                 planned_segcache(foreign, target, await members.known(foreign))
             assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert planned_segcache("", target, await members.known("")) == target
+        # a member that joins right after a refresh is found once the rate limit allows another
+        slow = SegcacheMembers(target, min_refresh_s=0.3)
+        assert "127.0.0.3:50061" in await slow.known("127.0.0.3:50061")
+        dns.set("segcache.test", ["127.0.0.2", "127.0.0.3", "127.0.0.5"])
+        assert "127.0.0.5:50061" in await slow.known("127.0.0.5:50061")
 
     with LoopbackDNS() as dns:
         asyncio.run(scenario(dns))
