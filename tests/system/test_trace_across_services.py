@@ -60,11 +60,21 @@ def collector():
     server.stop(None)
 
 
-def wait_for_services(sink: Collector, timeout_s: float = 30.0) -> list[dict]:
+# The spans one request must leave. Each service exports in batches, and a server span ends (and
+# is exported) after the spans inside it: wait for all of them, not for a first span per service.
+WANTED = [("hypic-front", "POST /v1/completions"), ("hypic-router", "hypic.v1.Router/Generate"),
+          ("hypic-router", "router.lookup"), ("hypic-router", "router.plan"),
+          ("hypic-combine", "hypic.v1.Combine/Execute"), ("hypic-combine", "combine.fetch"),
+          ("hypic-combine", "combine.compose"), ("hypic-combine", "combine.decode"),
+          ("hypic-scatter", "hypic.v1.Scatter/Build"), ("hypic-scatter", "scatter.build")]
+
+
+def wait_for_services(sink: Collector, timeout_s: float = 60.0) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         spans = sink.trace(TRACE_ID)
-        if {s["service"] for s in spans} >= SERVICES and any(s["name"] == "combine.decode" for s in spans):
+        names = {(s["service"], s["name"]) for s in spans}
+        if {s["service"] for s in spans} >= SERVICES and set(WANTED) <= names:
             return spans
         time.sleep(0.2)
     return sink.trace(TRACE_ID)
@@ -83,11 +93,7 @@ def test_one_request_is_one_trace_across_all_five_services(collector, tmp_path) 
     by_id = {s["id"]: s for s in spans}
     names = {(s["service"], s["name"]) for s in spans}
     assert {s["service"] for s in spans} == SERVICES, sorted(names)
-    for want in [("hypic-front", "POST /v1/completions"), ("hypic-router", "hypic.v1.Router/Generate"),
-                 ("hypic-router", "router.lookup"), ("hypic-router", "router.plan"),
-                 ("hypic-combine", "hypic.v1.Combine/Execute"), ("hypic-combine", "combine.fetch"),
-                 ("hypic-combine", "combine.compose"), ("hypic-combine", "combine.decode"),
-                 ("hypic-scatter", "hypic.v1.Scatter/Build"), ("hypic-scatter", "scatter.build")]:
+    for want in WANTED:
         assert want in names, (want, sorted(names))
     # every span hangs off another span of this trace, the front's request span off the caller's
     # (fastapi adds spans of its own under it)
