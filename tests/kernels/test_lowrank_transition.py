@@ -34,7 +34,7 @@ def test_factors_reproduce_the_dense_transition(family, B, L, H, K, V, dtype, fr
     dense = segment_summary(family, k, v, g=g, beta=beta).T  # [B, H, K, K] (fp32)
     decay, W, Kf = wy_factors(k, beta, g)
     assert W.shape == Kf.shape == (B, H, L, K)
-    tol = 1e-5 if dtype == torch.float32 else 1e-6  # the dense T is fp32 either way
+    tol = 1e-5  # the dense T is fp32 either way: its rounding over L steps bounds both dtypes alike
     assert rel(lowrank_dense(decay, W, Kf), dense) < tol
     S = torch.randn(B, H, K, V, generator=gen, dtype=dtype)
     ref = lowrank_dense(decay, W, Kf) @ S
