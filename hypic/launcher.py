@@ -118,10 +118,7 @@ class Mesh:
         self.certs: Any = None  # hypic.certs.MeshCerts once started with tls
         self.external_combine = list(external_combine)
         self.use_front = front
-        if self.n_scatter < 0 or self.n_combine < 0:
-            raise ValueError("n_scatter and n_combine must be >= 0")
-        if self.n_combine == 0 and not self.external_combine:
-            raise ValueError("the router needs a combine: n_combine >= 1 or external_combine")
+        self._check_workers()
         seg_ports = list(segcache_ports or [segcache_port] * min(self.n_segcache, 1)
                          + [0] * (self.n_segcache - 1))
         self._ports = self._ports_by_name(seg_ports, scatter_ports, combine_ports, mooncake=master_port,
@@ -134,6 +131,12 @@ class Mesh:
         self._started = False
         self.on_ready = on_ready
         self._t0 = time.monotonic()
+
+    def _check_workers(self) -> None:
+        if self.n_scatter < 0 or self.n_combine < 0:
+            raise ValueError("n_scatter and n_combine must be >= 0")
+        if self.n_combine == 0 and not self.external_combine:
+            raise ValueError("the router needs a combine: n_combine >= 1 or external_combine")
 
     def _set_tiers(self, segcache: bool, n_segcache: int, remote_tier: bool, remote_url: str) -> None:
         """The cache tiers: segcache instances, and a shared remote tier started (remote_tier) or
