@@ -24,6 +24,24 @@ from .torch_ref import FORMS, check_shapes, infer_form
 _FORM_ID = {"scalar": 0, "vector": 1, "matrix": 2}
 
 
+@triton.jit
+def compose_step(acc, T_ptr, S_ptr, i, G, pid_g, rk, mk, off, m2, seg_stride, K, FORM: tl.constexpr, BK: tl.constexpr):
+    """acc after summary i of (T_ptr, S_ptr) (`off`: this program's tile of segment 0): one step of
+    every composition kernel (this file's and triton_run's)."""
+    s_i = tl.load(S_ptr + i * seg_stride + off, mask=m2, other=0.0).to(tl.float32)
+    if FORM == 0:
+        t = tl.load(T_ptr + i * G + pid_g).to(tl.float32)
+        acc = acc * t + s_i
+    elif FORM == 1:
+        t = tl.load(T_ptr + (i * G + pid_g) * K + rk, mask=mk, other=0.0).to(tl.float32)
+        acc = acc * t[:, None] + s_i
+    else:
+        tt = tl.load(T_ptr + (i * G + pid_g) * K * K + rk[:, None] * K + rk[None, :],
+                     mask=mk[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        acc = tl.dot(tt, acc, input_precision="ieee") + s_i
+    return acc
+
+
 @triton.jit(do_not_specialize=["n", "G"])
 def _compose_kernel(
     T_ptr,
@@ -59,20 +77,7 @@ def _compose_kernel(
     if STORE_ALL:
         tl.store(States_ptr + base + off, acc.to(States_ptr.dtype.element_ty), mask=m2)
     for i in range(n):
-        s_i = tl.load(S_ptr + i * seg_stride + base + off, mask=m2, other=0.0).to(tl.float32)
-        if FORM == 0:
-            t = tl.load(T_ptr + i * G + pid_g).to(tl.float32)
-            acc = acc * t + s_i
-        elif FORM == 1:
-            t = tl.load(T_ptr + (i * G + pid_g) * K + rk, mask=mk, other=0.0).to(tl.float32)
-            acc = acc * t[:, None] + s_i
-        else:
-            tt = tl.load(
-                T_ptr + (i * G + pid_g) * K * K + rk[:, None] * K + rk[None, :],
-                mask=mk[:, None] & mk[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            acc = tl.dot(tt, acc, input_precision="ieee") + s_i
+        acc = compose_step(acc, T_ptr, S_ptr, i, G, pid_g, rk, mk, base + off, m2, seg_stride, K, FORM, BK)
         if STORE_ALL:
             tl.store(States_ptr + (i + 1) * seg_stride + base + off, acc.to(States_ptr.dtype.element_ty), mask=m2)
     tl.store(Out_ptr + base + off, acc.to(Out_ptr.dtype.element_ty), mask=m2)

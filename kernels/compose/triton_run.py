@@ -18,24 +18,7 @@ import triton
 import triton.language as tl
 
 from .torch_ref import FORMS, check_shapes, infer_form
-from .triton_compose import _FORM_ID, default_config
-
-
-@triton.jit
-def _step(acc, T_ptr, S_ptr, i, G, pid_g, rk, mk, off, m2, seg_stride, K, FORM: tl.constexpr, BK: tl.constexpr):
-    """acc after summary i of (T_ptr, S_ptr): the same arithmetic as triton_compose's loop body."""
-    s_i = tl.load(S_ptr + i * seg_stride + off, mask=m2, other=0.0).to(tl.float32)
-    if FORM == 0:
-        t = tl.load(T_ptr + i * G + pid_g).to(tl.float32)
-        acc = acc * t + s_i
-    elif FORM == 1:
-        t = tl.load(T_ptr + (i * G + pid_g) * K + rk, mask=mk, other=0.0).to(tl.float32)
-        acc = acc * t[:, None] + s_i
-    else:
-        tt = tl.load(T_ptr + (i * G + pid_g) * K * K + rk[:, None] * K + rk[None, :],
-                     mask=mk[:, None] & mk[None, :], other=0.0).to(tl.float32)
-        acc = tl.dot(tt, acc, input_precision="ieee") + s_i
-    return acc
+from .triton_compose import _FORM_ID, compose_step, default_config
 
 
 @triton.jit(do_not_specialize=["n", "G"])
@@ -56,8 +39,8 @@ def _run_kernel(Ta_ptr, Sa_ptr, Tb_ptr, Sb_ptr, Sin_ptr, Enter_ptr, Out_ptr, n, 
         acc = tl.zeros([BK, BV], dtype=tl.float32)
     for i in range(n):
         tl.store(Enter_ptr + i * seg_stride + off, acc, mask=m2)
-        acc = _step(acc, Ta_ptr, Sa_ptr, i, G, pid_g, rk, mk, off, m2, seg_stride, K, FORM, BK)
-        acc = _step(acc, Tb_ptr, Sb_ptr, i, G, pid_g, rk, mk, off, m2, seg_stride, K, FORM, BK)
+        acc = compose_step(acc, Ta_ptr, Sa_ptr, i, G, pid_g, rk, mk, off, m2, seg_stride, K, FORM, BK)
+        acc = compose_step(acc, Tb_ptr, Sb_ptr, i, G, pid_g, rk, mk, off, m2, seg_stride, K, FORM, BK)
     tl.store(Out_ptr + off, acc, mask=m2)
 
 
