@@ -125,9 +125,9 @@ def planned_segcache(planned: str, configured: str | None, known: list[str] | No
     """The segcache instances a plan may use: those it names when each is a member combine knows
     (its --segcache-address ring, spelled the same; for a dns:/// target, `known`: its members as
     resolved now), else INVALID_ARGUMENT: a plan does not choose where combine connects, and
-    presents its writer certificate. A plan naming none: the ring."""
-    if not planned.strip():
-        return configured
+    presents its writer certificate. A plan naming none: the ring (a dns:/// target's members)."""
+    if not planned.strip():  # a dns:/// target is placed over its members, never over its name
+        return ",".join(known) if known else configured  # none resolved yet: the target itself
     members = set(known if known is not None else parse_addresses(configured))
     unknown = [a for a in parse_addresses(planned) if a not in members]
     if unknown:

@@ -48,7 +48,8 @@ def test_a_dns_target_accepts_its_members_as_resolved_now():
             with pytest.raises(Abort) as e:
                 planned_segcache(foreign, target, await members.known(foreign))
             assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert planned_segcache("", target, await members.known("")) == target
+        # a plan naming none is placed over the members, not over the target's name
+        assert planned_segcache("", target, await members.known("")) == "127.0.0.2:50061,127.0.0.3:50061"
         # a member that joins right after a refresh is found once the rate limit allows another
         slow = SegcacheMembers(target, min_refresh_s=0.3)
         assert "127.0.0.3:50061" in await slow.known("127.0.0.3:50061")
