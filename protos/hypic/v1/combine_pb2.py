@@ -25,27 +25,31 @@ _sym_db = _symbol_database.Default()
 from protos.hypic.v1 import router_pb2 as protos_dot_hypic_dot_v1_dot_router__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/hypic/v1/combine.proto\x12\x08hypic.v1\x1a\x1cprotos/hypic/v1/router.proto\"\x8d\x01\n\x0ePlannedSegment\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\'\n\x06source\x18\x03 \x01(\x0e\x32\x17.hypic.v1.SegmentSource\x12\x0e\n\x06worker\x18\x04 \x01(\r\x12\x12\n\nest_cost_s\x18\x05 \x01(\x01\x12\x0e\n\x06wait_s\x18\x06 \x01(\x01\"\xff\x02\n\x04Plan\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08segments\x18\x02 \x03(\x0b\x32\x18.hypic.v1.PlannedSegment\x12\r\n\x05query\x18\x03 \x03(\r\x12\x0c\n\x04seam\x18\x04 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12#\n\x04mode\x18\x07 \x01(\x0e\x32\x15.hypic.v1.PrefillMode\x12\x12\n\nmax_tokens\x18\x08 \x01(\r\x12\x13\n\x0btemperature\x18\t \x01(\x02\x12\r\n\x05top_k\x18\n \x01(\r\x12\x0c\n\x04seed\x18\x0b \x01(\x04\x12\x15\n\rreturn_logits\x18\x0c \x01(\x08\x12\x13\n\x0bstop_at_eos\x18\r \x01(\x08\x12\x19\n\x11scatter_addresses\x18\x0e \x03(\t\x12\x18\n\x10segcache_address\x18\x0f \x01(\t\x12\x15\n\rstore_entries\x18\x10 \x01(\x08\x12\r\n\x05top_p\x18\x11 \x01(\x02\"\xa8\x01\n\x0cSegmentReady\x12\r\n\x05index\x18\x01 \x01(\r\x12\'\n\x06source\x18\x02 \x01(\x0e\x32\x17.hypic.v1.SegmentSource\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x65tch_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x62uild_s\x18\x05 \x01(\x01\x12\x0e\n\x06tokens\x18\x06 \x01(\r\x12\x0e\n\x06worker\x18\x07 \x01(\t\x12\x10\n\x08via_nixl\x18\x08 \x01(\x08\"\x8f\x01\n\x0c\x43ombineEvent\x12)\n\x07segment\x18\x01 \x01(\x0b\x32\x16.hypic.v1.SegmentReadyH\x00\x12%\n\x05token\x18\x02 \x01(\x0b\x32\x14.hypic.v1.TokenEventH\x00\x12$\n\x07timings\x18\x03 \x01(\x0b\x32\x11.hypic.v1.TimingsH\x00\x42\x07\n\x05\x65vent\"\x14\n\x12\x43ombineInfoRequest\"f\n\x13\x43ombineInfoResponse\x12\x12\n\nmodel_type\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x11\n\tin_flight\x18\x04 \x01(\r*J\n\rSegmentSource\x12\x13\n\x0fSOURCE_SEGCACHE\x10\x00\x12\x12\n\x0eSOURCE_SCATTER\x10\x01\x12\x10\n\x0cSOURCE_LOCAL\x10\x02\x32\x83\x01\n\x07\x43ombine\x12\x33\n\x07\x45xecute\x12\x0e.hypic.v1.Plan\x1a\x16.hypic.v1.CombineEvent0\x01\x12\x43\n\x04Info\x12\x1c.hypic.v1.CombineInfoRequest\x1a\x1d.hypic.v1.CombineInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dprotos/hypic/v1/combine.proto\x12\x08hypic.v1\x1a\x1cprotos/hypic/v1/router.proto\"\x8d\x01\n\x0ePlannedSegment\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\'\n\x06source\x18\x03 \x01(\x0e\x32\x17.hypic.v1.SegmentSource\x12\x0e\n\x06worker\x18\x04 \x01(\r\x12\x12\n\nest_cost_s\x18\x05 \x01(\x01\x12\x0e\n\x06wait_s\x18\x06 \x01(\x01\"\x8f\x03\n\x04Plan\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12*\n\x08segments\x18\x02 \x03(\x0b\x32\x18.hypic.v1.PlannedSegment\x12\r\n\x05query\x18\x03 \x03(\r\x12\x0c\n\x04seam\x18\x04 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12#\n\x04mode\x18\x07 \x01(\x0e\x32\x15.hypic.v1.PrefillMode\x12\x12\n\nmax_tokens\x18\x08 \x01(\r\x12\x13\n\x0btemperature\x18\t \x01(\x02\x12\r\n\x05top_k\x18\n \x01(\r\x12\x0c\n\x04seed\x18\x0b \x01(\x04\x12\x15\n\rreturn_logits\x18\x0c \x01(\x08\x12\x13\n\x0bstop_at_eos\x18\r \x01(\x08\x12\x19\n\x11scatter_addresses\x18\x0e \x03(\t\x12\x18\n\x10segcache_address\x18\x0f \x01(\t\x12\x15\n\rstore_entries\x18\x10 \x01(\x08\x12\r\n\x05top_p\x18\x11 \x01(\x02\x12\x0e\n\x06shadow\x18\x12 \x01(\x08\"\xa8\x01\n\x0cSegmentReady\x12\r\n\x05index\x18\x01 \x01(\r\x12\'\n\x06source\x18\x02 \x01(\x0e\x32\x17.hypic.v1.SegmentSource\x12\x0c\n\x04tier\x18\x03 \x01(\t\x12\x0f\n\x07\x66\x65tch_s\x18\x04 \x01(\x01\x12\x0f\n\x07\x62uild_s\x18\x05 \x01(\x01\x12\x0e\n\x06tokens\x18\x06 \x01(\r\x12\x0e\n\x06worker\x18\x07 \x01(\t\x12\x10\n\x08via_nixl\x18\x08 \x01(\x08\"\x8f\x01\n\x0c\x43ombineEvent\x12)\n\x07segment\x18\x01 \x01(\x0b\x32\x16.hypic.v1.SegmentReadyH\x00\x12%\n\x05token\x18\x02 \x01(\x0b\x32\x14.hypic.v1.TokenEventH\x00\x12$\n\x07timings\x18\x03 \x01(\x0b\x32\x11.hypic.v1.TimingsH\x00\x42\x07\n\x05\x65vent\"\x14\n\x12\x43ombineInfoRequest\"f\n\x13\x43ombineInfoResponse\x12\x12\n\nmodel_type\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x11\n\tin_flight\x18\x04 \x01(\r\"\x8d\x01\n\rShadowRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x11model_fingerprint\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x03(\r\x12\x11\n\tgenerated\x18\x04 \x03(\r\x12\x14\n\x0chypic_argmax\x18\x05 \x03(\r\x12\x14\n\x0chypic_logits\x18\x06 \x03(\x02\"c\n\x0cShadowResult\x12\n\n\x02kl\x18\x01 \x01(\x01\x12\x12\n\ntop1_agree\x18\x02 \x01(\x08\x12\x11\n\tagreement\x18\x03 \x01(\x01\x12\r\n\x05steps\x18\x04 \x01(\r\x12\x11\n\tcompute_s\x18\x05 \x01(\x01*J\n\rSegmentSource\x12\x13\n\x0fSOURCE_SEGCACHE\x10\x00\x12\x12\n\x0eSOURCE_SCATTER\x10\x01\x12\x10\n\x0cSOURCE_LOCAL\x10\x02\x32\xbe\x01\n\x07\x43ombine\x12\x33\n\x07\x45xecute\x12\x0e.hypic.v1.Plan\x1a\x16.hypic.v1.CombineEvent0\x01\x12\x43\n\x04Info\x12\x1c.hypic.v1.CombineInfoRequest\x1a\x1d.hypic.v1.CombineInfoResponse\x12\x39\n\x06Shadow\x12\x17.hypic.v1.ShadowRequest\x1a\x16.hypic.v1.ShadowResultb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.hypic.v1.combine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SEGMENTSOURCE']._serialized_start=1046
-  _globals['_SEGMENTSOURCE']._serialized_end=1120
+  _globals['_SEGMENTSOURCE']._serialized_start=1307
+  _globals['_SEGMENTSOURCE']._serialized_end=1381
   _globals['_PLANNEDSEGMENT']._serialized_start=74
   _globals['_PLANNEDSEGMENT']._serialized_end=215
   _globals['_PLAN']._serialized_start=218
-  _globals['_PLAN']._serialized_end=601
-  _globals['_SEGMENTREADY']._serialized_start=604
-  _globals['_SEGMENTREADY']._serialized_end=772
-  _globals['_COMBINEEVENT']._serialized_start=775
-  _globals['_COMBINEEVENT']._serialized_end=918
-  _globals['_COMBINEINFOREQUEST']._serialized_start=920
-  _globals['_COMBINEINFOREQUEST']._serialized_end=940
-  _globals['_COMBINEINFORESPONSE']._serialized_start=942
-  _globals['_COMBINEINFORESPONSE']._serialized_end=1044
-  _globals['_COMBINE']._serialized_start=1123
-  _globals['_COMBINE']._serialized_end=1254
+  _globals['_PLAN']._serialized_end=617
+  _globals['_SEGMENTREADY']._serialized_start=620
+  _globals['_SEGMENTREADY']._serialized_end=788
+  _globals['_COMBINEEVENT']._serialized_start=791
+  _globals['_COMBINEEVENT']._serialized_end=934
+  _globals['_COMBINEINFOREQUEST']._serialized_start=936
+  _globals['_COMBINEINFOREQUEST']._serialized_end=956
+  _globals['_COMBINEINFORESPONSE']._serialized_start=958
+  _globals['_COMBINEINFORESPONSE']._serialized_end=1060
+  _globals['_SHADOWREQUEST']._serialized_start=1063
+  _globals['_SHADOWREQUEST']._serialized_end=1204
+  _globals['_SHADOWRESULT']._serialized_start=1206
+  _globals['_SHADOWRESULT']._serialized_end=1305
+  _globals['_COMBINE']._serialized_start=1384
+  _globals['_COMBINE']._serialized_end=1574
 # @@protoc_insertion_point(module_scope)

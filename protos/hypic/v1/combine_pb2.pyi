@@ -34,7 +34,7 @@ class PlannedSegment(_message.Message):
     def __init__(self, key: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., source: _Optional[_Union[SegmentSource, str]] = ..., worker: _Optional[int] = ..., est_cost_s: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("request_id", "segments", "query", "seam", "model_fingerprint", "dtype", "mode", "max_tokens", "temperature", "top_k", "seed", "return_logits", "stop_at_eos", "scatter_addresses", "segcache_address", "store_entries", "top_p")
+    __slots__ = ("request_id", "segments", "query", "seam", "model_fingerprint", "dtype", "mode", "max_tokens", "temperature", "top_k", "seed", "return_logits", "stop_at_eos", "scatter_addresses", "segcache_address", "store_entries", "top_p", "shadow")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     QUERY_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,7 @@ class Plan(_message.Message):
     SEGCACHE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STORE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SHADOW_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     segments: _containers.RepeatedCompositeFieldContainer[PlannedSegment]
     query: _containers.RepeatedScalarFieldContainer[int]
@@ -69,7 +70,8 @@ class Plan(_message.Message):
     segcache_address: str
     store_entries: bool
     top_p: float
-    def __init__(self, request_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[PlannedSegment, _Mapping]]] = ..., query: _Optional[_Iterable[int]] = ..., seam: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., mode: _Optional[_Union[_router_pb2.PrefillMode, str]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ..., store_entries: _Optional[bool] = ..., top_p: _Optional[float] = ...) -> None: ...
+    shadow: bool
+    def __init__(self, request_id: _Optional[str] = ..., segments: _Optional[_Iterable[_Union[PlannedSegment, _Mapping]]] = ..., query: _Optional[_Iterable[int]] = ..., seam: _Optional[int] = ..., model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., mode: _Optional[_Union[_router_pb2.PrefillMode, str]] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., return_logits: _Optional[bool] = ..., stop_at_eos: _Optional[bool] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ..., store_entries: _Optional[bool] = ..., top_p: _Optional[float] = ..., shadow: _Optional[bool] = ...) -> None: ...
 
 class SegmentReady(_message.Message):
     __slots__ = ("index", "source", "tier", "fetch_s", "build_s", "tokens", "worker", "via_nixl")
@@ -116,3 +118,33 @@ class CombineInfoResponse(_message.Message):
     dtype: str
     in_flight: int
     def __init__(self, model_type: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., in_flight: _Optional[int] = ...) -> None: ...
+
+class ShadowRequest(_message.Message):
+    __slots__ = ("request_id", "model_fingerprint", "prompt", "generated", "hypic_argmax", "hypic_logits")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    GENERATED_FIELD_NUMBER: _ClassVar[int]
+    HYPIC_ARGMAX_FIELD_NUMBER: _ClassVar[int]
+    HYPIC_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    model_fingerprint: str
+    prompt: _containers.RepeatedScalarFieldContainer[int]
+    generated: _containers.RepeatedScalarFieldContainer[int]
+    hypic_argmax: _containers.RepeatedScalarFieldContainer[int]
+    hypic_logits: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, request_id: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., prompt: _Optional[_Iterable[int]] = ..., generated: _Optional[_Iterable[int]] = ..., hypic_argmax: _Optional[_Iterable[int]] = ..., hypic_logits: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class ShadowResult(_message.Message):
+    __slots__ = ("kl", "top1_agree", "agreement", "steps", "compute_s")
+    KL_FIELD_NUMBER: _ClassVar[int]
+    TOP1_AGREE_FIELD_NUMBER: _ClassVar[int]
+    AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    kl: float
+    top1_agree: bool
+    agreement: float
+    steps: int
+    compute_s: float
+    def __init__(self, kl: _Optional[float] = ..., top1_agree: _Optional[bool] = ..., agreement: _Optional[float] = ..., steps: _Optional[int] = ..., compute_s: _Optional[float] = ...) -> None: ...

@@ -44,6 +44,11 @@ class CombineStub:
                 request_serializer=protos_dot_hypic_dot_v1_dot_combine__pb2.CombineInfoRequest.SerializeToString,
                 response_deserializer=protos_dot_hypic_dot_v1_dot_combine__pb2.CombineInfoResponse.FromString,
                 _registered_method=True)
+        self.Shadow = channel.unary_unary(
+                '/hypic.v1.Combine/Shadow',
+                request_serializer=protos_dot_hypic_dot_v1_dot_combine__pb2.ShadowRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_combine__pb2.ShadowResult.FromString,
+                _registered_method=True)
 
 
 class CombineServicer:
@@ -61,6 +66,13 @@ class CombineServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Shadow(self, request, context):
+        """RESOURCE_EXHAUSTED when combine is serving requests: shadows run on idle capacity only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CombineServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +85,11 @@ def add_CombineServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=protos_dot_hypic_dot_v1_dot_combine__pb2.CombineInfoRequest.FromString,
                     response_serializer=protos_dot_hypic_dot_v1_dot_combine__pb2.CombineInfoResponse.SerializeToString,
+            ),
+            'Shadow': grpc.unary_unary_rpc_method_handler(
+                    servicer.Shadow,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_combine__pb2.ShadowRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_combine__pb2.ShadowResult.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +146,33 @@ class Combine:
             '/hypic.v1.Combine/Info',
             protos_dot_hypic_dot_v1_dot_combine__pb2.CombineInfoRequest.SerializeToString,
             protos_dot_hypic_dot_v1_dot_combine__pb2.CombineInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Shadow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypic.v1.Combine/Shadow',
+            protos_dot_hypic_dot_v1_dot_combine__pb2.ShadowRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_combine__pb2.ShadowResult.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,7 +77,7 @@ class SegmentTrace(_message.Message):
     def __init__(self, index: _Optional[int] = ..., source: _Optional[str] = ..., worker: _Optional[str] = ..., tier: _Optional[str] = ..., fetch_s: _Optional[float] = ..., build_s: _Optional[float] = ..., tokens: _Optional[int] = ..., via_nixl: _Optional[bool] = ...) -> None: ...
 
 class Timings(_message.Message):
-    __slots__ = ("tokenize_s", "lookup_s", "scatter_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s", "total_s", "segments", "hits", "misses", "prompt_tokens", "hits_by_tier", "trace", "cached_tokens", "cached_tokens_by_tier")
+    __slots__ = ("tokenize_s", "lookup_s", "scatter_s", "transfer_s", "compose_s", "seams_s", "query_prefill_s", "ttft_s", "total_s", "segments", "hits", "misses", "prompt_tokens", "hits_by_tier", "trace", "cached_tokens", "cached_tokens_by_tier", "recomputed", "seam", "served_mode", "shadowed")
     class HitsByTierEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,10 @@ class Timings(_message.Message):
     TRACE_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_BY_TIER_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_FIELD_NUMBER: _ClassVar[int]
+    SEAM_FIELD_NUMBER: _ClassVar[int]
+    SERVED_MODE_FIELD_NUMBER: _ClassVar[int]
+    SHADOWED_FIELD_NUMBER: _ClassVar[int]
     tokenize_s: float
     lookup_s: float
     scatter_s: float
@@ -126,19 +130,25 @@ class Timings(_message.Message):
     trace: _containers.RepeatedCompositeFieldContainer[SegmentTrace]
     cached_tokens: int
     cached_tokens_by_tier: _containers.ScalarMap[str, int]
-    def __init__(self, tokenize_s: _Optional[float] = ..., lookup_s: _Optional[float] = ..., scatter_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., compose_s: _Optional[float] = ..., seams_s: _Optional[float] = ..., query_prefill_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., segments: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., hits_by_tier: _Optional[_Mapping[str, int]] = ..., trace: _Optional[_Iterable[_Union[SegmentTrace, _Mapping]]] = ..., cached_tokens: _Optional[int] = ..., cached_tokens_by_tier: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    recomputed: int
+    seam: int
+    served_mode: PrefillMode
+    shadowed: bool
+    def __init__(self, tokenize_s: _Optional[float] = ..., lookup_s: _Optional[float] = ..., scatter_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., compose_s: _Optional[float] = ..., seams_s: _Optional[float] = ..., query_prefill_s: _Optional[float] = ..., ttft_s: _Optional[float] = ..., total_s: _Optional[float] = ..., segments: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., hits_by_tier: _Optional[_Mapping[str, int]] = ..., trace: _Optional[_Iterable[_Union[SegmentTrace, _Mapping]]] = ..., cached_tokens: _Optional[int] = ..., cached_tokens_by_tier: _Optional[_Mapping[str, int]] = ..., recomputed: _Optional[int] = ..., seam: _Optional[int] = ..., served_mode: _Optional[_Union[PrefillMode, str]] = ..., shadowed: _Optional[bool] = ...) -> None: ...
 
 class TokenEvent(_message.Message):
-    __slots__ = ("token_id", "text", "index", "logits")
+    __slots__ = ("token_id", "text", "index", "logits", "argmax_id")
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     LOGITS_FIELD_NUMBER: _ClassVar[int]
+    ARGMAX_ID_FIELD_NUMBER: _ClassVar[int]
     token_id: int
     text: str
     index: int
     logits: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., logits: _Optional[_Iterable[float]] = ...) -> None: ...
+    argmax_id: int
+    def __init__(self, token_id: _Optional[int] = ..., text: _Optional[str] = ..., index: _Optional[int] = ..., logits: _Optional[_Iterable[float]] = ..., argmax_id: _Optional[int] = ...) -> None: ...
 
 class GenerateEvent(_message.Message):
     __slots__ = ("request_id", "token", "timings", "done")
@@ -157,7 +167,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("model_type", "model_fingerprint", "vocab_size", "seam", "dtype", "max_prompt_tokens", "scatter_addresses", "combine_addresses", "segcache_address", "model_path")
+    __slots__ = ("model_type", "model_fingerprint", "vocab_size", "seam", "dtype", "max_prompt_tokens", "scatter_addresses", "combine_addresses", "segcache_address", "model_path", "drift")
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +178,7 @@ class InfoResponse(_message.Message):
     COMBINE_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     SEGCACHE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
     model_type: str
     model_fingerprint: str
     vocab_size: int
@@ -178,4 +189,33 @@ class InfoResponse(_message.Message):
     combine_addresses: _containers.RepeatedScalarFieldContainer[str]
     segcache_address: str
     model_path: str
-    def __init__(self, model_type: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., seam: _Optional[int] = ..., dtype: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., combine_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ..., model_path: _Optional[str] = ...) -> None: ...
+    drift: DriftSummary
+    def __init__(self, model_type: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., seam: _Optional[int] = ..., dtype: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., combine_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ..., model_path: _Optional[str] = ..., drift: _Optional[_Union[DriftSummary, _Mapping]] = ...) -> None: ...
+
+class DriftSummary(_message.Message):
+    __slots__ = ("sample_rate", "sampled", "shadowed", "dropped", "over_threshold", "window", "kl_mean", "top1_rate", "agreement_mean", "guard_enabled", "guard_seam", "guard_full")
+    SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    SHADOWED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    OVER_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    KL_MEAN_FIELD_NUMBER: _ClassVar[int]
+    TOP1_RATE_FIELD_NUMBER: _ClassVar[int]
+    AGREEMENT_MEAN_FIELD_NUMBER: _ClassVar[int]
+    GUARD_ENABLED_FIELD_NUMBER: _ClassVar[int]
+    GUARD_SEAM_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FULL_FIELD_NUMBER: _ClassVar[int]
+    sample_rate: float
+    sampled: int
+    shadowed: int
+    dropped: int
+    over_threshold: int
+    window: int
+    kl_mean: float
+    top1_rate: float
+    agreement_mean: float
+    guard_enabled: bool
+    guard_seam: int
+    guard_full: bool
+    def __init__(self, sample_rate: _Optional[float] = ..., sampled: _Optional[int] = ..., shadowed: _Optional[int] = ..., dropped: _Optional[int] = ..., over_threshold: _Optional[int] = ..., window: _Optional[int] = ..., kl_mean: _Optional[float] = ..., top1_rate: _Optional[float] = ..., agreement_mean: _Optional[float] = ..., guard_enabled: _Optional[bool] = ..., guard_seam: _Optional[int] = ..., guard_full: _Optional[bool] = ...) -> None: ...
