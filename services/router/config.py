@@ -88,6 +88,29 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     cost_b_s: float = field(default=2e-4, metadata=field_help("prior cost per token (s)"))
     cost_c_s: float = field(default=2e-9, metadata=field_help("prior cost per token² (s)"))
     tokenizer_threads: int = field(default=2, metadata=field_help("threads for tokenizing"))
+    # --- shadow recompute and the drift guard (issue 26; docs/drift.md) ---------------------
+    shadow_rate: float = field(default=0.01, metadata=field_help(
+        "fraction of hypic requests whose answer is recomputed in full off the critical path, on "
+        "an idle combine, to measure how far reuse moved it; 0 = off"))
+    shadow_steps: int = field(default=16, metadata=field_help(
+        "generated tokens a shadow recompute teacher-forces and compares (k)"))
+    shadow_queue: int = field(default=32, metadata=field_help(
+        "shadows waiting for an idle combine; a sampled request finding the queue full is dropped "
+        "(and counted)"))
+    drift_kl_max: float = field(default=0.1, metadata=field_help(
+        "a shadow whose KL(full || hypic) at the query is above this (nats) is over the threshold: "
+        "logged with its request id, and counted by the guard"))
+    drift_agreement_min: float = field(default=0.9, metadata=field_help(
+        "a shadow whose teacher-forced agreement is below this is over the threshold"))
+    drift_window: int = field(default=32, metadata=field_help(
+        "shadows the rolling figures (hypic info, the guard) are over"))
+    drift_guard: bool = field(default=True, metadata=field_help(
+        "widen the seam when the rolling divergence crosses the thresholds (then serve hypic "
+        "requests by full recompute past the widest), and step back when it subsides"))
+    drift_guard_seams: str = field(default="16,32", metadata=field_help(
+        "the wider seam widths the guard steps through after --seam, comma-separated, increasing"))
+    drift_guard_hold_s: float = field(default=60.0, metadata=field_help(
+        "seconds a guard level is held before it may step back"))
 
     # --- authorisation (docs/security.md) ---------------------------------------------------
     api_key: Optional[str] = api_key_field()
@@ -114,7 +137,15 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
             raise ValueError("discovery_refresh_s must be a finite number > 0")
         if self.max_prompt_tokens < 0:
             raise ValueError("max_prompt_tokens must be >= 0 (0: the model's own limit)")
-        for name in ("max_segments", "max_tokens_limit", "max_in_flight", "tokenizer_threads"):
+        if not (0.0 <= self.shadow_rate <= 1.0):
+            raise ValueError("shadow_rate must be in [0, 1]")
+        if not (0.0 <= self.drift_agreement_min <= 1.0):
+            raise ValueError("drift_agreement_min must be in [0, 1]")
+        seams = self.guard_seams
+        if any(b <= a for a, b in zip([self.seam, *seams], seams)):
+            raise ValueError("drift_guard_seams must be increasing widths above --seam")
+        for name in ("max_segments", "max_tokens_limit", "max_in_flight", "tokenizer_threads",
+                     "shadow_steps", "shadow_queue", "drift_window"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
         for name in ("claim_lease_s", "claim_wait_s"):
@@ -126,10 +157,18 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
             if not (v > 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number > 0")
         for name in ("combine_cooldown_s", "load_poll_s", "grace_s", "cost_a_s", "cost_b_s",
-                     "cost_c_s"):
+                     "cost_c_s", "drift_kl_max", "drift_guard_hold_s"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number >= 0")
+
+    @property
+    def guard_seams(self) -> list[int]:
+        """drift_guard_seams as a list of ints (ValueError when one is not a number)."""
+        try:
+            return [int(w) for w in self.drift_guard_seams.split(",") if w.strip()]
+        except ValueError:
+            raise ValueError("drift_guard_seams must be comma-separated integers") from None
 
     @property
     def scatters(self) -> list[str]:
