@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -200,6 +201,20 @@ def test_every_metric_family_has_the_hypic_prefix(mesh) -> None:
         assert samples and all(s.labels.get("model_name") == MODEL for s in samples), name
     cached = front["hypic_prompt_tokens_cached"].samples
     assert cached and all(s.labels["model_name"] == MODEL and s.labels["tier"] for s in cached)
+
+
+def test_every_metric_the_grafana_dashboard_queries_is_scraped(mesh) -> None:
+    """deploy/grafana/hypic.json queries only families that a running mesh exports (a renamed
+    metric would leave an empty panel nobody notices)."""
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "hypic.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(exprs) >= 20
+    queried = {re.sub(r"_(bucket|total|sum|count)$", "", name)
+               for e in exprs for name in re.findall(r"\bhypic_[a-z0-9_]+", e)}
+    urls = [f"http://127.0.0.1:{mesh[name].info['metrics_port']}/metrics"
+            for name in mesh.names if name != "front"] + [mesh.front_url + "/metrics"]
+    exported = set().union(*(families(u) for u in urls))
+    assert queried - exported == set(), sorted(queried - exported)
 
 
 def test_every_log_line_of_every_service_is_json(mesh) -> None:
