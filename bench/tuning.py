@@ -129,7 +129,7 @@ def main(argv=None) -> dict:
     if 8 not in args.seams:
         ap.error("--seams must include 8 (the default, the reference of the ratios)")
     started = time.perf_counter()
-    res = dict(command="python -m bench.tuning " + " ".join(argv if argv is not None else sys.argv[1:]),
+    res = dict(command=" ".join(["python -m bench.tuning", *(argv if argv is not None else sys.argv[1:])]),
                model=str(args.model.resolve().relative_to(REPO)) if args.model.resolve().is_relative_to(REPO)
                else str(args.model),
                machine=dict(cpus=os.cpu_count(), platform=platform.platform(), loadavg_start=os.getloadavg(),
