@@ -289,6 +289,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "if r.model_fingerprint and self.fingerprint and r.model_fingerprint != self.fingerprint:",
            "if False:",
            ("tests/services/router/test_foreign_scatter.py",)),
+    # -- the drift guard ---------------------------------------------------------------------------------
+    Mutant("drift-guard-never-steps-up", "services/router/drift_guard.py",
+           "                self._step(+1)", "                pass",
+           ("tests/services/router/test_drift_guard.py",)),
+    Mutant("drift-guard-counts-stale-seams", "services/router/drift_guard.py",
+           "if self._level == self.full_level or seam != self.seams[self._level]:",
+           "if self._level == self.full_level:",
+           ("tests/services/router/test_drift_guard.py", "-k", "another_seam")),
+    Mutant("router-plans-hypic-without-the-guard", "services/router/servicer.py",
+           "                seam = guard_seam", "                pass",
+           ("tests/services/router/test_guard_plans.py", "-k", "follow")),
     # -- benchmarks --------------------------------------------------------------------------------------
     Mutant("best-baseline-is-the-slower", "bench/report_baseline.py",
            "    pick = max if higher_is_better else min", "    pick = min if higher_is_better else max",

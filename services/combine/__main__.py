@@ -42,6 +42,9 @@ class CombineService(service.Service):
                                               cfg.threads, cfg.entry_format)
         adopt_library_loggers()  # transformers, imported just now, logs as JSON too
         self.servicer = CombineServicer(self.cfg, self.engine)
+        if cfg.fault:
+            self.log.warning("FAULT INJECTED: this combine serves wrong answers on purpose (drills and "
+                             "tests only)", fault=cfg.fault)
         if self.cfg.warmup:
             await self.servicer.run(warmup, self.engine)
         if self.cfg.segcache_address:  # NIXL agent and probe now, not in the first request

@@ -18,6 +18,9 @@ from common.mesh.auth import write_token_field
 ENV_PREFIX = "HYPIC_COMBINE_"
 MiB = 1 << 20
 COMPOSE_ORDERS = ("auto", "segment")
+# Faults a drill can inject ("" = none): compose-without-t composes hypic plans' entries as the
+# additive ablation does (without T), seams and keys as planned: wrong answers nothing else shows.
+FAULTS = ("", "compose-without-t")
 
 
 @dataclass
@@ -36,6 +39,10 @@ class CombineConfig(WorkerConfig):  # + model, dtype, device, threads, entry_key
         "composes them in one layer-major pass; the rest compose as entries arrive, each run of "
         "consecutive segments in hand in one layer-major pass | segment: always segment by "
         "segment, in prompt order (the plain reference)"))
+    fault: str = field(default="", metadata=field_help(
+        "FOR DRILLS AND TESTS ONLY, never in service: inject a fault that makes answers wrong. "
+        "compose-without-t: compose cached entries without T (as the additive ablation does), "
+        "seams and keys as planned, so only the shadow monitor can tell"))
     # --- network -------------------------------------------------------------------------
     host: str = field(default="127.0.0.1", metadata=field_help("address to bind"))
     port: int = field(default=50081, metadata=field_help("gRPC port; 0 = ephemeral"))
@@ -73,6 +80,8 @@ class CombineConfig(WorkerConfig):  # + model, dtype, device, threads, entry_key
         if self.compose_order not in COMPOSE_ORDERS:
             raise ValueError(f"compose_order (--compose-order, {ENV_PREFIX}COMPOSE_ORDER) must be "
                              f"one of {COMPOSE_ORDERS}, not {self.compose_order!r}")
+        if self.fault not in FAULTS:
+            raise ValueError(f"fault (--fault, {ENV_PREFIX}FAULT) must be one of {FAULTS}, not {self.fault!r}")
         if self.nixl_min_bytes < 0:
             raise ValueError("nixl_min_bytes must be >= 0")
         if self.max_prompt_tokens < 1 or self.max_new_tokens < 1:
@@ -84,3 +93,8 @@ class CombineConfig(WorkerConfig):  # + model, dtype, device, threads, entry_key
                 raise ValueError(f"{name} must be a finite number > 0")
         if self.segcache_address is not None and not self.segcache_address.strip():
             self.segcache_address = None
+
+    @property
+    def compose_without_t(self) -> bool:
+        """The compose-without-t fault is on (segment by segment, bodies applied without T)."""
+        return self.fault == "compose-without-t"

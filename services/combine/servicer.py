@@ -346,7 +346,7 @@ class CombineServicer(combine_grpc.CombineServicer):
         # for the plan's leading run of hits; scatter builds arrive one by one, and composing
         # early segments meanwhile is what hides the later builds, so from the first planned
         # miss on it is segment-major. Additive adds states without seams or T: segment-major only.
-        if self.cfg.compose_order != "auto" or mode != "hypic":
+        if self.cfg.compose_order != "auto" or mode != "hypic" or self.cfg.compose_without_t:
             return "segment", 0
         lead = 0
         while lead < len(plan.segments) and plan.segments[lead].source == combine_pb.SOURCE_SEGCACHE:
@@ -372,7 +372,7 @@ class CombineServicer(combine_grpc.CombineServicer):
             t.add_done_callback(lambda _t, i=i: arrivals.put_nowait(i))
             tasks.append(t)
         additive = ex.mode == "additive"  # entries with seam 0, added without T
-        in_runs = self.cfg.compose_order == "auto" and ex.mode == "hypic"
+        in_runs = self.cfg.compose_order == "auto" and ex.mode == "hypic" and not self.cfg.compose_without_t
         n = len(segs)
         # the attention keys of every pass (and of a folded query) go into one arena
         capacity = sum(len(s) for s in segs) + len(ex.query)
@@ -460,7 +460,7 @@ class CombineServicer(combine_grpc.CombineServicer):
         """Engine thread: extend the state by one segment (seam recompute + cached body)."""
         timer = _SeamTimer(self.engine)
         t = time.perf_counter()
-        state = compose_segment(timer, state, entry, additive=additive)
+        state = compose_segment(timer, state, entry, additive=additive, without_t=self.cfg.compose_without_t)
         total = time.perf_counter() - t
         return state, total - timer.seconds, timer.seconds
 

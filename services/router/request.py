@@ -48,6 +48,12 @@ class RequestState:
     ttft_s: float = 0.0
     tokens_sent: int = 0
     seam: int = 0                  # the plan's seam window (cached bodies exclude it)
+    # The PrefillMode it was served in: the drift guard may serve a hypic request by full recompute.
+    served_mode: int | None = None  # None: the requested mode
+
+    def __post_init__(self) -> None:
+        if self.served_mode is None:
+            self.served_mode = self.mode
 
     @property
     def mode_name(self) -> str:

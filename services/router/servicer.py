@@ -40,6 +40,7 @@ from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from services.router import metrics as m
 from services.router.claims import Claimed, claim_misses
 from services.router.config import RouterConfig
+from services.router.drift_guard import DriftGuard
 from services.router.model import ModelInfo
 from services.router.planner import CostModel, Job, Planner
 from services.router.pools import CombinePool, ScatterPool
@@ -80,6 +81,7 @@ class RouterServicer(router_grpc.RouterServicer):
                 timeout_s=cfg.lookup_timeout_s, max_message_bytes=cfg.max_message_bytes,
                 refresh_s=cfg.discovery_refresh_s)
         self.holder = f"router-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # build claims' holder
+        self.guard = DriftGuard(cfg)
         self.in_flight = 0
         self._tasks: list[asyncio.Task] = []
         self._publish_cost()
@@ -123,7 +125,15 @@ class RouterServicer(router_grpc.RouterServicer):
             max_prompt_tokens=self.cfg.max_prompt_tokens,
             scatter_addresses=self.scatters.members,
             combine_addresses=self.combines.addresses, segcache_address=self.cfg.segcache_address,
-            model_path=str(self.cfg.model))
+            model_path=str(self.cfg.model), drift=self._drift_summary())
+
+    def _drift_summary(self) -> router_pb.DriftSummary:
+        g = self.guard.summary()
+        return router_pb.DriftSummary(guard_enabled=g.enabled, guard_seam=g.seam, guard_full=g.full)
+
+    def _on_shadow_result(self, result: combine_pb.ShadowResult, seam: int) -> None:
+        """A shadow monitor listener: the guard learns how far answers served with `seam` drift."""
+        self.guard.observe(result.kl, result.top1_agree, result.agreement, seam)
 
     # ---- Generate ------------------------------------------------------------------------------
     async def Generate(self, request: router_pb.GenerateRequest, context) -> AsyncIterator[router_pb.GenerateEvent]:
@@ -302,11 +312,17 @@ class RouterServicer(router_grpc.RouterServicer):
     async def _plan(self, request: router_pb.GenerateRequest, req: RequestState) -> combine_pb.Plan:
         cfg = self.cfg
         mode = modes.from_wire(request.mode)
-        cached_modes = modes.uses_entries(mode)
         seam = modes.seam_for(mode, cfg.seam)
+        if mode == "hypic":  # the drift guard's width, or full recompute past the widest
+            guard_seam, full = self.guard.current()
+            if full:
+                mode, req.served_mode = "full", router_pb.PREFILL_MODE_FULL
+            else:
+                seam = guard_seam
+        cached_modes = modes.uses_entries(mode)
         plan = combine_pb.Plan(
             request_id=req.rid, query=req.query, seam=seam,
-            model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=request.mode,
+            model_fingerprint=self.model.fingerprint, dtype=cfg.dtype, mode=req.served_mode,
             max_tokens=request.max_tokens, temperature=request.temperature, top_k=request.top_k,
             seed=request.seed, return_logits=request.return_logits,
             stop_at_eos=stop_at_eos(request), top_p=request.top_p,
@@ -360,7 +376,7 @@ class RouterServicer(router_grpc.RouterServicer):
                 plan.segments.add(key=key, token_ids=ids, source=combine_pb.SOURCE_LOCAL,
                                   est_cost_s=self.planner.cost.predict(len(ids)))
         m.STAGE.labels("plan").observe(time.perf_counter() - t)
-        log.info("planned", segments=len(keys), hits=len(req.planned_tiers),
+        log.info("planned", segments=len(keys), seam=seam, hits=len(req.planned_tiers),
                  misses=len(jobs), built_elsewhere=len(elsewhere), prompt_tokens=req.prompt_tokens, mode=req.mode_name,
                  workers=[a.worker for a in (req.ticket.assignments if req.ticket else [])])
         return plan

@@ -47,14 +47,16 @@ __all__ = ["compose_and_query", "compose_run", "compose_segment", "prefill_layer
 
 # -- segment-major ---------------------------------------------------------------------------------
 @torch.inference_mode()
-def compose_segment(engine: PicEngine, state: ModelState, entry: SegmentEntry, additive: bool = False) -> ModelState:
+def compose_segment(engine: PicEngine, state: ModelState, entry: SegmentEntry, additive: bool = False,
+                    without_t: bool = False) -> ModelState:
     """Extend `state` (not mutated) by one segment from its entry: seam recomputed under the real
     prefix, then the cached body applied. What a combine worker calls as each entry arrives.
-    additive=True: the ablation (no seam recompute, states added without T)."""
+    additive=True: the ablation (no seam recompute, states added without T). without_t=True: the
+    seam recomputed, the body applied as the ablation applies it (a fault drills inject)."""
     start = state.seq_len
     if entry.seam_len and not additive:
         _, _, state = engine.forward(entry.seam_tokens, state)
-    return apply_body(engine.model, state, entry, start, additive=additive)
+    return apply_body(engine.model, state, entry, start, additive=additive or without_t)
 
 
 def prefill_segment_major(engine: PicEngine, entries: list[SegmentEntry], state: ModelState | None = None,
