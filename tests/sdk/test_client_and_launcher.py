@@ -349,3 +349,17 @@ def test_result_says_how_each_request_was_served(full_mesh) -> None:
             return early
 
     assert asyncio.run(run()) == hypic.Served(3, 0, 0, 8, "hypic", False)
+
+
+@pytest.mark.processes
+def test_cli_generate_says_how_it_was_served(full_mesh, capsys) -> None:
+    from hypic.cli import main
+
+    args = ["generate", "--address", full_mesh.router_address, "--segment-ids", "50,51,52,53,54,55",
+            "--query", "frank likes", "--max-tokens", "2", "--timeout", "60"]
+    assert main([*args, "--mode", "full", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["served"] == dict(reused=0, built=0, recomputed=1, seam=0, mode="full", shadowed=False)
+    assert out["timings"]["served_mode"] == "full" and out["timings"]["recomputed"] == 1
+    assert main(args) == 0
+    assert "0 cached {}, 1 built, 0 recomputed), hypic seam 8," in capsys.readouterr().err
