@@ -11,8 +11,8 @@ TLS and API keys: hypic.Credentials / Client(..., tls_ca=, tls_cert=, tls_key=, 
 
 from hypic import errors
 from hypic.client import (AsyncClient, AsyncTokenStream, Client, Credentials, GenerateResult, Info,
-                          Timings, Token, TokenStream)
+                          Served, Timings, Token, TokenStream)
 from hypic.errors import HypicError
 
 __all__ = ["AsyncClient", "AsyncTokenStream", "Client", "Credentials", "GenerateResult", "HypicError", "Info",
-           "Timings", "Token", "TokenStream", "errors"]
+           "Served", "Timings", "Token", "TokenStream", "errors"]

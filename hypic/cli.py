@@ -192,7 +192,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             if args.json:
                 r = client.generate(segments, query, stream=False, **kw)
                 print(json.dumps({"request_id": r.request_id, "tokens": r.tokens, "text": r.text,
-                                  "timings": asdict(r.timings) if r.timings else None}))
+                                  "timings": asdict(r.timings) if r.timings else None,
+                                  "served": asdict(r.served) if r.served else None}))
                 return 0
             stream = client.generate(segments, query, stream=True, **kw)
             with stream:
@@ -204,7 +205,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             if t is not None:
                 print(f"ttft {t.ttft_s * 1e3:.1f} ms, total {t.total_s * 1e3:.1f} ms, "
                       f"{t.segments} segments ({t.hits} cached {dict(t.hits_by_tier)}, "
-                      f"{t.misses} built), {t.prompt_tokens} prompt tokens, "
+                      f"{t.misses} built, {t.recomputed} recomputed), {t.served_mode} seam {t.seam}"
+                      f"{' shadowed' if t.shadowed else ''}, {t.prompt_tokens} prompt tokens, "
                       f"request {stream.request_id}", file=sys.stderr)
     except hypic.HypicError as e:
         print(f"hypic generate: {e}", file=sys.stderr)

@@ -35,7 +35,7 @@ import grpc
 from hypic import errors
 from hypic.credentials import AUTHORIZATION_KEY, REQUEST_ID_KEY, Credentials, channel_options  # noqa: F401
 from hypic.messages import (MODE_NAMES, MODES, Accumulator, GenerateResult, Info,  # noqa: F401
-                            SegmentLike, SegmentTrace, Timings, Token, build_request)
+                            SegmentLike, SegmentTrace, Served, Timings, Token, build_request)
 from hypic.targets import channel_target
 from protos.hypic.v1 import router_pb2 as router_pb
 from protos.hypic.v1 import router_pb2_grpc as router_grpc
@@ -47,8 +47,10 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 class TokenStream:
     """Iterator of Token for one streamed generation. `timings` holds the latest Timings (the
-    first after the first token, the final one once iteration ends); `result()` drains the rest.
-    Leaving a `with` block or calling cancel() before the end cancels the request."""
+    first after the first token, the final one once iteration ends) and `served` how the request
+    is served (known with that first Timings); `read_timings()` reads on to it without handing
+    out tokens. `result()` drains the rest. Leaving a `with` block or calling cancel() before the
+    end cancels the request."""
 
     def __init__(self, call: Any, request_id: str):
         self._call = call
@@ -74,21 +76,46 @@ class TokenStream:
     def done(self) -> bool:
         return self._acc.done
 
+    @property
+    def served(self) -> Served | None:
+        """How the request is served (reused, built, recomputed, seam, mode, shadowed); None
+        before the first Timings."""
+        return self._acc.timings.served if self._acc.timings is not None else None
+
     def __iter__(self) -> Iterator[Token]:
         return self
 
+    def _read(self) -> Token | None:
+        """Feed the next event; its Token, if it was one. StopIteration at the end."""
+        try:
+            ev = next(self._call)
+        except StopIteration:
+            self._acc.done = True
+            raise
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, self.request_id) from None
+        return self._acc.feed(ev)
+
     def __next__(self) -> Token:
+        if self._acc.pending:
+            return self._acc.pending.popleft()
         while True:
-            try:
-                ev = next(self._call)
-            except StopIteration:
-                self._acc.done = True
-                raise
-            except grpc.RpcError as e:
-                raise errors.from_rpc_error(e, self.request_id) from None
-            tok = self._acc.feed(ev)
+            tok = self._read()
             if tok is not None:
                 return tok
+
+    def read_timings(self) -> Timings | None:
+        """Read on until a Timings has arrived (the router sends one right after the first
+        token), keeping any token read meanwhile for the iteration; the Timings, or None when
+        the stream ended without one."""
+        while self._acc.timings is None:
+            try:
+                tok = self._read()
+            except StopIteration:
+                break
+            if tok is not None:
+                self._acc.pending.append(tok)
+        return self._acc.timings
 
     def result(self) -> GenerateResult:
         for _ in self:
@@ -186,24 +213,42 @@ class AsyncTokenStream:
     tokens = TokenStream.tokens
     text = TokenStream.text
     done = TokenStream.done
+    served = TokenStream.served
 
     def __aiter__(self) -> "AsyncTokenStream":
         return self
 
-    async def __anext__(self) -> Token:
+    async def _read(self) -> Token | None:
+        """Feed the next event; its Token, if it was one. StopAsyncIteration at the end."""
         if self._it is None:
             self._it = self._call.__aiter__()
+        try:
+            ev = await self._it.__anext__()
+        except StopAsyncIteration:
+            self._acc.done = True
+            raise
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, self.request_id) from None
+        return self._acc.feed(ev)
+
+    async def __anext__(self) -> Token:
+        if self._acc.pending:
+            return self._acc.pending.popleft()
         while True:
-            try:
-                ev = await self._it.__anext__()
-            except StopAsyncIteration:
-                self._acc.done = True
-                raise
-            except grpc.RpcError as e:
-                raise errors.from_rpc_error(e, self.request_id) from None
-            tok = self._acc.feed(ev)
+            tok = await self._read()
             if tok is not None:
                 return tok
+
+    async def read_timings(self) -> Timings | None:
+        """See TokenStream.read_timings."""
+        while self._acc.timings is None:
+            try:
+                tok = await self._read()
+            except StopAsyncIteration:
+                break
+            if tok is not None:
+                self._acc.pending.append(tok)
+        return self._acc.timings
 
     async def result(self) -> GenerateResult:
         async for _ in self:

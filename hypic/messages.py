@@ -6,6 +6,7 @@ the fold of a GenerateEvent stream into them (hypic.client uses it for both clie
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Sequence, Union
 
@@ -18,6 +19,7 @@ from protos.hypic.v1 import router_pb2 as router_pb
 MODES = {name.removeprefix("PREFILL_MODE_").lower(): value for name, value in router_pb.PrefillMode.items()}
 MODE_NAMES = tuple(name for name, value in MODES.items()
                    if router_pb.PrefillMode.Name(value) == "PREFILL_MODE_" + name.upper())
+MODE_OF_VALUE = {MODES[name]: name for name in MODE_NAMES}  # wire value -> canonical name
 
 SegmentLike = Union[str, Sequence[int]]
 
@@ -65,6 +67,14 @@ class Timings:
     cached_tokens: int = 0    # prompt tokens served from cache (segcache hits' bodies)
     cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     trace: tuple[SegmentTrace, ...] = ()  # per segment, in the final timings
+    recomputed: int = 0       # segments recomputed in full (full mode; prefix: past the cached prefix)
+    seam: int = 0             # the seam width the entries were composed with (0 in full/prefix)
+    served_mode: str = "hypic"  # the mode the request was served in (the drift guard may change it)
+    shadowed: bool = False    # sampled for a shadow recompute (drift monitoring)
+
+    @property
+    def served(self) -> "Served":
+        return Served.from_timings(self)
 
     @classmethod
     def from_proto(cls, t: router_pb.Timings) -> "Timings":
@@ -77,7 +87,39 @@ class Timings:
                    cached_tokens_by_tier=dict(t.cached_tokens_by_tier),
                    trace=tuple(SegmentTrace(index=s.index, source=s.source, worker=s.worker, tier=s.tier,
                                             fetch_s=s.fetch_s, build_s=s.build_s, tokens=s.tokens,
-                                            via_nixl=s.via_nixl) for s in t.trace))
+                                            via_nixl=s.via_nixl) for s in t.trace),
+                   recomputed=t.recomputed, seam=t.seam,
+                   served_mode=MODE_OF_VALUE.get(t.served_mode, str(t.served_mode)), shadowed=t.shadowed)
+
+
+@dataclass(frozen=True)
+class Served:
+    """How the router served one request, segment by segment (a segment is a cache piece: the
+    router cuts long segments, and Timings.segments counts the pieces).
+
+    reused      segments whose cached state was used as is: segcache hits (hypic, additive),
+                or the cached prefix combine reused exactly (prefix)
+    built       segments built as entries for this request (scatter or combine; stored for later)
+    recomputed  segments recomputed in full: every one in full mode, those past the reused
+                prefix in prefix mode, none when entries are composed (hypic, additive)
+    seam        the seam width entries were composed with (0 in full, prefix and additive)
+    mode        the mode served: the one asked for, unless the drift guard served a hypic request
+                by full or prefix recompute
+    shadowed    sampled for a shadow recompute (the drift monitor; off the request's path)
+    """
+    reused: int
+    built: int
+    recomputed: int
+    seam: int
+    mode: str
+    shadowed: bool
+
+    @classmethod
+    def from_timings(cls, t: Timings) -> "Served":
+        # prefix mode reuses combine's own prefix cache, not segcache: what it did not recompute
+        reused = max(0, t.segments - t.recomputed) if t.served_mode == "prefix" else t.hits
+        return cls(reused=reused, built=t.misses, recomputed=t.recomputed, seam=t.seam,
+                   mode=t.served_mode, shadowed=t.shadowed)
 
 
 @dataclass
@@ -87,6 +129,11 @@ class GenerateResult:
     timings: Timings | None
     logits: list[float] | None
     request_id: str
+
+    @property
+    def served(self) -> Served | None:
+        """How the request was served (reused, built, recomputed, seam, mode, shadowed)."""
+        return self.timings.served if self.timings is not None else None
 
 
 @dataclass(frozen=True)
@@ -164,6 +211,7 @@ class Accumulator:
         self.logits: list[float] | None = None
         self.timings: Timings | None = None
         self.done = False
+        self.pending: deque[Token] = deque()  # read ahead (to a Timings), not yet handed out
 
     def feed(self, ev: router_pb.GenerateEvent) -> Token | None:
         if ev.request_id:

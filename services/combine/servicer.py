@@ -285,8 +285,10 @@ class CombineServicer(combine_grpc.CombineServicer):
                 logits, state = composed.logits, composed.state
         else:
             t = time.perf_counter()
-            logits, state = await self.run(self._baseline, ex.mode, ex.segs, ex.query)
+            logits, state, ex.timings.recomputed = await self.run(self._baseline, ex.mode, ex.segs, ex.query)
             self._query_timed(ex, t)
+            # What was recomputed is known now: the router reports it with the first token.
+            yield combine_pb.CombineEvent(timings=ex.timings)
         async for ev in self._decode(ex, logits, state):
             yield ev
         await self._settle(ex)
@@ -482,12 +484,13 @@ class CombineServicer(combine_grpc.CombineServicer):
         return logits[-1], state
 
     def _baseline(self, mode: str, segs: list[list[int]], query: list[int]):
-        """Engine thread: full recompute, or this worker's own prefix cache."""
+        """Engine thread: full recompute, or this worker's own prefix cache. (logits, state,
+        segments recomputed: all but those of the cached prefix reused)"""
         if mode == "full":
             out = self.engine.prefill([t for s in segs for t in s] + query)
-        else:
-            out = prefill_segments(self.engine, segs, query, mode="prefix")
-        return out.logits, out.state
+            return out.logits, out.state, len(segs)
+        out = prefill_segments(self.engine, segs, query, mode="prefix")
+        return out.logits, out.state, len(segs) - out.extra["reused_segments"]
 
     @torch.inference_mode()
     def _step(self, tok: int, state, pick: Callable):

@@ -7,7 +7,8 @@
     GET  /metrics              Prometheus text (hypic_* request metrics, model_name label)
 
 Both POST endpoints stream as Server-Sent Events with "stream": true, ending with `data: [DONE]`.
-Errors are OpenAI-shaped (services/front/errors.py).
+Errors are OpenAI-shaped (services/front/errors.py). Every response says how the mesh served it: a
+`hypic` object in the body and x-hypic-* headers (services/front/transparency.py).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from hypic.model_card import model_card
 from common.mesh.log import sanitize_request_id
 from services.front.routers import RouterPool
 from services.front.segments import ChatTemplate, Prompt, chat_prompt, completion_prompt
+from services.front.transparency import hypic_headers, hypic_object
 
 log = structlog.get_logger("front")
 REQUEST_ID_HEADER = "x-request-id"
@@ -120,10 +122,9 @@ class Front:
             waiting.dec()
         shape = ChatShape(self.cfg.model_name, rid) if endpoint == "chat" else \
             CompletionShape(self.cfg.model_name, rid)
-        headers = {REQUEST_ID_HEADER: rid}
-        if stream:
-            return StreamingResponse(self._events(gen, shape, include_usage),
-                                     media_type="text/event-stream", headers=headers)
+        if stream:  # the headers say how it is served as the first Timings does (start read it)
+            return StreamingResponse(self._events(gen, shape, include_usage), media_type="text/event-stream",
+                                     headers={REQUEST_ID_HEADER: rid, **hypic_headers(gen.served, rid)})
         try:
             async with aclosing(gen.deltas()) as deltas:
                 text = "".join([piece async for piece in deltas])
@@ -132,7 +133,8 @@ class Front:
         log.info("done", endpoint=endpoint, request_id=rid, finish_reason=gen.finish_reason,
                  **gen.usage.body()["prompt_tokens_details"], prompt_tokens=gen.usage.prompt_tokens,
                  completion_tokens=gen.usage.completion_tokens)
-        return JSONResponse(shape.whole(text, gen), headers=headers)
+        return JSONResponse(shape.whole(text, gen),
+                            headers={REQUEST_ID_HEADER: rid, **hypic_headers(gen.served, rid)})
 
     async def _events(self, gen: Generation, shape: "ChatShape | CompletionShape",
                       include_usage: bool) -> AsyncIterator[str]:
@@ -143,9 +145,12 @@ class Front:
             async with aclosing(gen.deltas()) as deltas:  # a client gone cancels the router call
                 async for piece in deltas:
                     yield sse(shape.chunk(piece))
-            yield sse(shape.chunk(None, gen.finish_reason))
+            # The last chunk before [DONE] says how the request was served: the usage chunk
+            # when there is one, else the finish_reason chunk.
+            served = {"hypic": hypic_object(gen.served, gen.request_id)}
+            yield sse({**shape.chunk(None, gen.finish_reason), **({} if include_usage else served)})
             if include_usage:
-                yield sse(shape.usage_chunk(gen))
+                yield sse({**shape.usage_chunk(gen), **served})
         except ApiError as e:
             yield sse(e.body())
         finally:
@@ -195,7 +200,7 @@ class CompletionShape:
 
     def whole(self, text: str, gen: Generation) -> dict:
         return {**self._head(self.object_whole), "choices": [self.choice(text, gen.finish_reason)],
-                "usage": gen.usage.body()}
+                "usage": gen.usage.body(), "hypic": hypic_object(gen.served, gen.request_id)}
 
     def opening(self) -> dict | None:
         return None

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator
 
 from common.engine import modes
 from hypic import errors as sdk
+from hypic.messages import Served
 from services.front import metrics as m
 from services.front.errors import from_sdk
 from services.front.params import Sampling
@@ -37,8 +38,9 @@ def router_mode(mode: str) -> str:
 
 
 class Generation:
-    """start() opens the stream (errors become ApiError before any byte is sent); then iterate
-    deltas(); finish_reason and usage are final once deltas() is exhausted."""
+    """start() opens the stream and reads to its first Timings (errors become ApiError before
+    any byte is sent); then iterate deltas(); finish_reason, usage and served are final once
+    deltas() is exhausted."""
 
     def __init__(self, pool: RouterPool, prompt: Prompt, sampling: Sampling, *, mode: str,
                  model_name: str, eos_ids: set[int], request_id: str):
@@ -71,6 +73,21 @@ class Generation:
             now = time.perf_counter()
             m.TTFT.labels(self.model_name).observe(now - self.t0)
             self._last_t = now
+        # How the request is served, for the response's headers: the router sends the first
+        # Timings right after the first token (no decode step between), so this read does not
+        # hold the first token back; a token read meanwhile waits in the stream.
+        try:
+            await self.stream.read_timings()
+        except BaseException as e:
+            self.stream.cancel()
+            if isinstance(e, sdk.HypicError):
+                raise from_sdk(e) from None
+            raise
+
+    @property
+    def served(self) -> Served | None:
+        """How the router served the request (the latest Timings); None without one."""
+        return self.stream.served if self.stream is not None else None
 
     def _token(self, tok: Any) -> str:
         self.tokens.append(tok.id)
@@ -94,8 +111,6 @@ class Generation:
                             yield piece
                         if self.stops.matched:
                             break
-            if self.stops.matched and self.stream.timings is None:
-                await self._read_timings()
             tail = self.stops.flush()
             if tail:
                 yield tail
@@ -105,14 +120,6 @@ class Generation:
             if self.stream is not None and not self.stream.done:
                 self.stream.cancel()
         self._finish()
-
-    async def _read_timings(self) -> None:
-        """The router sends the first Timings right after the first token: read on to it when
-        a stop string ended the stream before (usage needs its prompt and cached tokens)."""
-        try:
-            await self.stream.__anext__()
-        except StopAsyncIteration:
-            pass
 
     def _finish(self) -> None:
         n = len(self.tokens)

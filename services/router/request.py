@@ -48,12 +48,22 @@ class RequestState:
     ttft_s: float = 0.0
     tokens_sent: int = 0
     seam: int = 0                  # the plan's seam window (cached bodies exclude it)
-    # The PrefillMode it was served in: the drift guard may serve a hypic request by full recompute.
-    served_mode: int | None = None  # None: the requested mode
+    # The mode the request is served in: the one asked for, unless the drift guard serves a
+    # hypic request by full or prefix recompute instead (a PrefillMode wire value).
+    served_mode: int | None = None
+    shadowed: bool = False         # sampled for a shadow recompute
+    combine_reported: bool = False  # a Timings event came from combine (its counts are known)
 
     def __post_init__(self) -> None:
         if self.served_mode is None:
             self.served_mode = self.mode
+
+    @property
+    def served_mode_name(self) -> str:
+        try:
+            return modes.from_wire(self.served_mode)
+        except ValueError:
+            return "unknown"
 
     @property
     def mode_name(self) -> str:
@@ -96,7 +106,24 @@ class RequestState:
             key = tier or "unknown"
             t.hits_by_tier[key] = t.hits_by_tier.get(key, 0) + 1
         self._cached_tokens(t)
+        self._served(t)
         return t
+
+    def _served(self, t: router_pb.Timings) -> None:
+        """How the request was served: its mode, seam, shadow sampling, and the segments
+        recomputed in full rather than reused or built as entries: all of them in full mode;
+        in prefix mode those past the cached prefix combine reused (combine reports the count
+        before the first token; until it does, all of them); none when entries are composed."""
+        t.served_mode = self.served_mode
+        t.shadowed = self.shadowed
+        mode = self.served_mode_name
+        t.seam = self.seam if mode in ("hypic", "additive") else 0  # full and prefix have no seams
+        if mode == "full" or (mode == "prefix" and not self.combine_reported):
+            t.recomputed = len(self.segments)
+        elif mode == "prefix":
+            t.recomputed = min(self.combine_timings.recomputed, len(self.segments))
+        else:
+            t.recomputed = 0
 
     def _cached_tokens(self, t: router_pb.Timings) -> None:
         """Tokens served from cache: each segcache hit's body (its seam window is recomputed)."""

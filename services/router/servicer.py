@@ -440,6 +440,7 @@ class RouterServicer(router_grpc.RouterServicer):
                                                    timings=req.timings(final=False))
                     elif kind == "timings":
                         req.combine_timings.CopyFrom(ev.timings)
+                        req.combine_reported = True
                 final = req.timings(final=True)
                 log.info("done", combine=c.address, tokens=req.tokens_sent,
                          ttft_s=round(req.ttft_s, 4), total_s=round(final.total_s, 4),

@@ -303,3 +303,63 @@ def test_cancel_propagates_to_combine(full_mesh) -> None:
     router_lines = [json.loads(x) for x in full_mesh.log("router").splitlines() if x.startswith("{")]
     assert any(d.get("request_id") == rid and d.get("event") == "request cancelled"
                for d in router_lines)
+
+
+@pytest.mark.processes
+def test_result_says_how_each_request_was_served(full_mesh) -> None:
+    """Served (result.served, stream.served): segments reused, built and recomputed, the seam,
+    the mode and the shadow flag, per request and mode, on a real mesh; the first Timings (right
+    after the first token) already says it, read without taking a second token."""
+    segs = [[21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], "dave likes coffee .", [40, 41, 42, 43, 44]]
+    with hypic.Client(full_mesh.router_address, timeout=60) as c:
+        stream = c.generate(segments=segs, query="dave likes", max_tokens=6)
+        first = next(stream)
+        early = stream.read_timings()
+        assert early is not None and stream.tokens == [first.id]  # no token read ahead
+        assert stream.served == hypic.Served(reused=0, built=3, recomputed=0, seam=8, mode="hypic",
+                                             shadowed=False)
+        rest = list(stream)
+        assert [t.index for t in rest] == list(range(1, len(rest) + 1))  # nothing lost or repeated
+        assert stream.tokens == [first.id] + [t.id for t in rest]
+        assert stream.timings.served == early.served and stream.timings.total_s >= early.total_s
+
+        def served(mode: str, segments=segs) -> hypic.Served:
+            r = c.generate(segments=segments, query="dave likes", max_tokens=2, stream=False, mode=mode)
+            assert r.served == r.timings.served and r.timings.served_mode == mode
+            return r.served
+
+        assert served("hypic") == hypic.Served(3, 0, 0, 8, "hypic", False)   # warm: all reused
+        assert served("full") == hypic.Served(0, 0, 3, 0, "full", False)
+        assert served("additive") == hypic.Served(0, 3, 0, 0, "additive", False)  # seam-0 entries
+        assert served("additive") == hypic.Served(3, 0, 0, 0, "additive", False)
+        assert served("prefix") == hypic.Served(0, 0, 3, 0, "prefix", False)  # cold prefix cache
+        assert served("prefix") == hypic.Served(3, 0, 0, 0, "prefix", False)  # combine's prefix cache
+        longer = segs + ["erin likes tea ."]
+        assert served("prefix", longer) == hypic.Served(3, 0, 1, 0, "prefix", False)
+        assert served("hypic", longer) == hypic.Served(3, 1, 0, 8, "hypic", False)
+
+    async def run() -> hypic.Served | None:
+        async with hypic.AsyncClient(full_mesh.router_address, timeout=60) as ac:
+            s = ac.generate(segments=segs, query="dave likes", max_tokens=4)
+            await s.__anext__()
+            assert (await s.read_timings()) is not None and len(s.tokens) == 1
+            early = s.served
+            await s.result()
+            assert s.served == early
+            return early
+
+    assert asyncio.run(run()) == hypic.Served(3, 0, 0, 8, "hypic", False)
+
+
+@pytest.mark.processes
+def test_cli_generate_says_how_it_was_served(full_mesh, capsys) -> None:
+    from hypic.cli import main
+
+    args = ["generate", "--address", full_mesh.router_address, "--segment-ids", "50,51,52,53,54,55",
+            "--query", "frank likes", "--max-tokens", "2", "--timeout", "60"]
+    assert main([*args, "--mode", "full", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["served"] == dict(reused=0, built=0, recomputed=1, seam=0, mode="full", shadowed=False)
+    assert out["timings"]["served_mode"] == "full" and out["timings"]["recomputed"] == 1
+    assert main(args) == 0
+    assert "0 cached {}, 1 built, 0 recomputed), hypic seam 8," in capsys.readouterr().err

@@ -230,6 +230,7 @@ class Answer:
         self.segments = [e.segment for e in events if e.HasField("segment")]
         self.tokens = [e.token for e in events if e.HasField("token")]
         self.timings = [e.timings for e in events if e.HasField("timings")]
+        self.kinds = [e.WhichOneof("event") for e in events]  # the event order
         self.client_ttft_s = client_ttft_s
 
     @property
@@ -260,10 +261,10 @@ def reference(engine, segs, query, mode="hypic", seam=SEAM):
     return out.logits, engine.generate(out, max_new_tokens=N_TOKENS)
 
 
-def assert_matches(ans: Answer, ref_logits, ref_tokens, n_segments: int) -> None:
+def assert_matches(ans: Answer, ref_logits, ref_tokens, n_segments: int, timings_events: int = 1) -> None:
     assert len(ans.segments) == n_segments
     assert sorted(s.index for s in ans.segments) == list(range(n_segments))
-    assert len(ans.timings) == 1
+    assert len(ans.timings) == timings_events
     assert [t.index for t in ans.tokens] == list(range(N_TOKENS))
     assert list(ans.tokens[0].logits) and not any(t.logits for t in ans.tokens[1:])
     err = float((ans.logits - ref_logits).abs().max())

@@ -70,8 +70,27 @@ def test_combine_baseline_modes(mesh, engine):
         ref_logits, ref_tokens = reference(engine, segs, query, mode=name)
         ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER,
                                                           mode=mode)))
-        # full and prefix recompute on the combine worker: no segment events
-        assert_matches(ans, ref_logits, ref_tokens, len(segs) if name == "additive" else 0)
+        # full and prefix recompute on the combine worker: no segment events; what they
+        # recomputed in a Timings before the first token (the router reports it with that token)
+        baseline = name != "additive"
+        assert_matches(ans, ref_logits, ref_tokens, 0 if baseline else len(segs), 2 if baseline else 1)
+        if baseline:
+            assert ans.kinds[0] == "timings" and ans.kinds[1] == "token", ans.kinds
+            assert ans.timings[0].recomputed == len(segs) and ans.timings[-1].recomputed == len(segs)
+        else:
+            assert ans.timings[0].recomputed == 0
+    # prefix again: this worker's prefix cache now holds every boundary of the prompt
+    ref_logits, ref_tokens = reference(engine, segs, query, mode="prefix")
+    again = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER,
+                                                        mode=router_pb.PREFILL_MODE_PREFIX)))
+    assert_matches(again, ref_logits, ref_tokens, 0, 2)
+    assert again.timings[0].recomputed == 0
+    longer = segs + [[7, 8, 9]]
+    ref_logits, ref_tokens = reference(engine, longer, query, mode="prefix")
+    more = arun(execute(mesh.combine.target, make_plan(engine, mesh, longer, query, combine_pb.SOURCE_SCATTER,
+                                                       mode=router_pb.PREFILL_MODE_PREFIX)))
+    assert_matches(more, ref_logits, ref_tokens, 0, 2)
+    assert more.timings[0].recomputed == 1  # only the segment past the cached prefix
     # sampling: the same tokens as engine.generate with the same seed, temperature and top_k
     out = engine.prefill_segments(segs, query, mode="hypic", seam=SEAM)
     want = engine.generate(out, max_new_tokens=N_TOKENS, temperature=0.8, top_k=20, seed=1234)
