@@ -48,6 +48,7 @@ class RequestState:
     ttft_s: float = 0.0
     tokens_sent: int = 0
     seam: int = 0                  # the plan's seam window (cached bodies exclude it)
+    shadowed: bool = False         # sampled for a shadow recompute (services/router/shadow.py)
 
     @property
     def mode_name(self) -> str:

@@ -44,6 +44,7 @@ from services.router.model import ModelInfo
 from services.router.planner import CostModel, Job, Planner
 from services.router.pools import CombinePool, ScatterPool
 from services.router.request import RequestState, norm_tier, tier_name
+from services.router.shadow import ShadowMonitor
 
 log = structlog.get_logger("router.servicer")
 
@@ -82,6 +83,7 @@ class RouterServicer(router_grpc.RouterServicer):
         self.holder = f"router-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # build claims' holder
         self.in_flight = 0
         self._tasks: list[asyncio.Task] = []
+        self.shadow = ShadowMonitor(cfg, self.combines, model.fingerprint, cfg.model.name)
         self._publish_cost()
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -95,6 +97,7 @@ class RouterServicer(router_grpc.RouterServicer):
                 self._tasks.append(asyncio.create_task(ms.run()))
         if self.cfg.scatter_addresses and self.cfg.load_poll_s > 0:
             self._tasks.append(asyncio.create_task(self.scatters.run(self.cfg.load_poll_s)))
+        self.shadow.start()
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -102,6 +105,7 @@ class RouterServicer(router_grpc.RouterServicer):
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        await self.shadow.close()
         await self.combines.close()
         await self.scatters.close()
         if self.segcache is not None:
@@ -123,7 +127,7 @@ class RouterServicer(router_grpc.RouterServicer):
             max_prompt_tokens=self.cfg.max_prompt_tokens,
             scatter_addresses=self.scatters.members,
             combine_addresses=self.combines.addresses, segcache_address=self.cfg.segcache_address,
-            model_path=str(self.cfg.model))
+            model_path=str(self.cfg.model), drift=self.shadow.summary())
 
     # ---- Generate ------------------------------------------------------------------------------
     async def Generate(self, request: router_pb.GenerateRequest, context) -> AsyncIterator[router_pb.GenerateEvent]:
@@ -146,6 +150,7 @@ class RouterServicer(router_grpc.RouterServicer):
         try:
             await self._prepare(request, req)
             plan = await self._plan(request, req)
+            self.shadow.sample(plan, req)
             async with contextlib.aclosing(self._execute(plan, req)) as events:
                 async for ev in events:
                     yield ev
@@ -392,6 +397,7 @@ class RouterServicer(router_grpc.RouterServicer):
         md = self._md(req)
         detok = self.model.detokenizer()
         last_error = ""
+        shadow = self.shadow.capture(plan)  # the shadow's part of the answer, kept from the client
         for c in self.combines.order():
             remaining = req.remaining()
             if remaining <= 0:
@@ -411,6 +417,8 @@ class RouterServicer(router_grpc.RouterServicer):
                     elif kind == "token":
                         tok = router_pb.TokenEvent()
                         tok.CopyFrom(ev.token)
+                        if shadow is not None:
+                            shadow.take(tok)
                         if detok is not None:
                             tok.text = detok.push(tok.token_id)
                         first = req.tokens_sent == 0
@@ -428,6 +436,8 @@ class RouterServicer(router_grpc.RouterServicer):
                 log.info("done", combine=c.address, tokens=req.tokens_sent,
                          ttft_s=round(req.ttft_s, 4), total_s=round(final.total_s, 4),
                          hits=final.hits, misses=final.misses)
+                if shadow is not None:
+                    self.shadow.submit(plan, shadow)
                 yield router_pb.GenerateEvent(request_id=req.rid, timings=final, done=True)
                 return
             except grpc.aio.AioRpcError as e:
