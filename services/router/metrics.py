@@ -25,7 +25,7 @@ SHADOW_TOP1 = Counter("hypic_shadow_top1", "Shadows by top-1 agreement at the qu
                       ["model", "seam", "agree"])
 SHADOW_SAMPLED = Counter("hypic_shadow_sampled", "Hypic requests sampled for a shadow", ["model", "seam"])
 SHADOW_COMPUTED = Counter("hypic_shadow_shadowed", "Shadows computed", ["model", "seam"])
-# reason: queue_full | no_idle_combine | busy (combine refused) | unavailable | error
+# reason: queue_full | no_idle_combine | busy (combine refused) | unavailable | error | unfinished
 SHADOW_DROPPED = Counter("hypic_shadow_dropped", "Sampled requests whose shadow was not computed",
                          ["model", "seam", "reason"])
 SHADOW_OVER = Counter("hypic_shadow_over_threshold", "Shadows over --drift-kl-max or under "

@@ -44,7 +44,7 @@ from services.router.model import ModelInfo
 from services.router.planner import CostModel, Job, Planner
 from services.router.pools import CombinePool, ScatterPool
 from services.router.request import RequestState, norm_tier, tier_name
-from services.router.shadow import ShadowMonitor
+from services.router.shadow import ShadowCapture, ShadowMonitor
 
 log = structlog.get_logger("router.servicer")
 
@@ -147,11 +147,12 @@ class RouterServicer(router_grpc.RouterServicer):
                                 f"{self.cfg.max_in_flight}); retry later")
         self.in_flight += 1
         m.IN_FLIGHT.set(self.in_flight)
+        shadow = None  # sampled: what the shadow keeps of the answer (services/router/shadow.py)
         try:
             await self._prepare(request, req)
             plan = await self._plan(request, req)
-            self.shadow.sample(plan, req)
-            async with contextlib.aclosing(self._execute(plan, req)) as events:
+            shadow = self.shadow.sample(plan, req)
+            async with contextlib.aclosing(self._execute(plan, req, shadow)) as events:
                 async for ev in events:
                     yield ev
         except Abort as e:
@@ -173,6 +174,8 @@ class RouterServicer(router_grpc.RouterServicer):
             if req.ticket is not None:
                 self.planner.release(req.ticket)
                 self._publish_loads()
+            if shadow is not None:
+                self.shadow.finish(shadow)  # an answer that did not complete: dropped, counted
 
     # ---- stages --------------------------------------------------------------------------------
     async def _prepare(self, request: router_pb.GenerateRequest, req: RequestState) -> None:
@@ -393,11 +396,11 @@ class RouterServicer(router_grpc.RouterServicer):
                 self._publish_cost()
             self._publish_loads()
 
-    async def _execute(self, plan: combine_pb.Plan, req: RequestState) -> AsyncIterator[router_pb.GenerateEvent]:
+    async def _execute(self, plan: combine_pb.Plan, req: RequestState,
+                       shadow: ShadowCapture | None = None) -> AsyncIterator[router_pb.GenerateEvent]:
         md = self._md(req)
         detok = self.model.detokenizer()
         last_error = ""
-        shadow = self.shadow.capture(plan)  # the shadow's part of the answer, kept from the client
         for c in self.combines.order():
             remaining = req.remaining()
             if remaining <= 0:
@@ -417,7 +420,7 @@ class RouterServicer(router_grpc.RouterServicer):
                     elif kind == "token":
                         tok = router_pb.TokenEvent()
                         tok.CopyFrom(ev.token)
-                        if shadow is not None:
+                        if shadow is not None:  # keeps the shadow's part, strips it from the client's
                             shadow.take(tok)
                         if detok is not None:
                             tok.text = detok.push(tok.token_id)

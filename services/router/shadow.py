@@ -3,18 +3,19 @@ served, have it recomputed in full on an idle combine (Combine.Shadow), record t
 
 One job, in four steps:
 - sample: `sample(plan, req)` marks a hypic plan `shadow` at --shadow-rate (combine then sends the
-  query's logits and every step's greedy pick);
-- keep: a ShadowCapture takes the first --shadow-steps tokens of the answer, their greedy picks
+  query's logits and every step's greedy pick) and returns its ShadowCapture;
+- keep: the ShadowCapture takes the first --shadow-steps tokens of the answer, their greedy picks
   and the query's logits, and strips them from what the client gets (logits only when it asked
   return_logits; argmax_id never);
 - queue: `submit` puts the job into a bounded queue without waiting (full: dropped and counted);
+  a sampled request that ends without a complete answer is dropped by `finish` (counted);
 - run and record: one background worker takes jobs one at a time and calls Shadow on a combine
   this router has no request in flight on (none idle for a while, or combine refuses: dropped
   and counted); each result goes to the Prometheus metrics, a rolling window (Router.Info's
   DriftSummary), a log line when it crosses a threshold, and every listener(result, seam).
 
-Nothing here runs on a request's path but `sample`, `ShadowCapture.take` and `submit`, none of
-which waits: a user's request is never delayed by a shadow.
+Nothing here runs on a request's path but `sample`, `ShadowCapture.take`, `submit` and `finish`,
+none of which waits: a user's request is never delayed by a shadow.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ log = structlog.get_logger("router.shadow")
 IDLE_WAIT_S = 2.0        # how long a job waits for an idle combine before it is dropped
 IDLE_POLL_S = 0.02
 SHADOW_TIMEOUT_S = 30.0  # one Shadow call
-# dropped{reason}: a closed set
-DROP_REASONS = ("queue_full", "no_idle_combine", "busy", "unavailable", "error")
 
 
 @dataclass
@@ -51,6 +50,8 @@ class ShadowCapture:
     query's logits. `take` strips them from the event the client gets."""
     steps: int
     client_logits: bool  # the client asked return_logits: the first token's logits stay
+    seam: int = 0
+    submitted: bool = False  # submit or finish has accounted for it
     generated: list[int] = field(default_factory=list)
     argmax: list[int] = field(default_factory=list)
     logits: array = field(default_factory=lambda: array("f"))
@@ -72,6 +73,10 @@ class ShadowJob:
     seam: int
     prompt: list[int]
     capture: ShadowCapture
+
+
+# dropped{reason}: a closed set. unfinished: the sampled request ended without a complete answer.
+DROP_REASONS = ("queue_full", "no_idle_combine", "busy", "unavailable", "error", "unfinished")
 
 
 @dataclass(frozen=True)
@@ -103,29 +108,36 @@ class ShadowMonitor:
         self._task: asyncio.Task | None = None
 
     # ---- on the request's path (none of these waits) -------------------------------------------
-    def sample(self, plan: Any, req: Any) -> None:
-        """Mark a hypic plan for a shadow at --shadow-rate (sets plan.shadow and req.shadowed)."""
+    def sample(self, plan: Any, req: Any) -> ShadowCapture | None:
+        """A hypic plan sampled at --shadow-rate is marked (plan.shadow, req.shadowed): its
+        capture, which the request's end must reach (submit, or finish); else None."""
         rate = self.cfg.shadow_rate
         if plan.mode != router_pb.PREFILL_MODE_HYPIC or rate <= 0 or self.rng.random() >= rate:
-            return
+            return None
         plan.shadow = True
         req.shadowed = True
         self.sampled += 1
         m.SHADOW_SAMPLED.labels(self.model_label, str(plan.seam)).inc()
-
-    def capture(self, plan: Any) -> ShadowCapture | None:
-        return ShadowCapture(self.cfg.shadow_steps, plan.return_logits) if plan.shadow else None
+        return ShadowCapture(self.cfg.shadow_steps, plan.return_logits, seam=plan.seam)
 
     def submit(self, plan: Any, capture: ShadowCapture) -> None:
-        """Queue the shadow of a finished request; a full queue drops it."""
+        """Queue the shadow of a complete answer; a full queue drops it."""
+        capture.submitted = True
         if not capture.generated or not capture.logits:
+            self._drop(capture.seam, "unfinished")
             return
         prompt = [t for s in plan.segments for t in s.token_ids] + list(plan.query)
         job = ShadowJob(plan.request_id, plan.seam, prompt, capture)
         try:
             self.queue.put_nowait(job)
         except asyncio.QueueFull:
-            self._drop(job, "queue_full")
+            self._drop(job.seam, "queue_full")
+
+    def finish(self, capture: ShadowCapture) -> None:
+        """The request has ended: a capture never submitted (failed, cancelled) is dropped."""
+        if not capture.submitted:
+            capture.submitted = True
+            self._drop(capture.seam, "unfinished")
 
     # ---- the background worker ------------------------------------------------------------------
     def start(self) -> None:
@@ -148,7 +160,7 @@ class ShadowMonitor:
                 raise
             except Exception:  # never let the worker die
                 log.exception("shadow failed", request_id=job.request_id)
-                self._drop(job, "error")
+                self._drop(job.seam, "error")
 
     async def _idle_combine(self) -> Any | None:
         """A combine with no request of this router in flight (waits up to IDLE_WAIT_S)."""
@@ -165,7 +177,7 @@ class ShadowMonitor:
     async def shadow_one(self, job: ShadowJob) -> ShadowOutcome | None:
         c = await self._idle_combine()
         if c is None:
-            self._drop(job, "no_idle_combine")
+            self._drop(job.seam, "no_idle_combine")
             return None
         request = combine_pb.ShadowRequest(
             request_id=job.request_id, model_fingerprint=self.fingerprint, prompt=job.prompt,
@@ -181,16 +193,16 @@ class ShadowMonitor:
                       "unavailable" if code == grpc.StatusCode.UNAVAILABLE else "error")
             log.info("shadow dropped", request_id=job.request_id, combine=c.address, code=code.name,
                      details=e.details())
-            self._drop(job, reason)
+            self._drop(job.seam, reason)
             return None
         finally:
             self.combines.done(c)
         return self.record(job.request_id, job.seam, result)
 
     # ---- records ---------------------------------------------------------------------------------
-    def _drop(self, job: ShadowJob, reason: str) -> None:
+    def _drop(self, seam: int, reason: str) -> None:
         self.dropped += 1
-        m.SHADOW_DROPPED.labels(self.model_label, str(job.seam), reason).inc()
+        m.SHADOW_DROPPED.labels(self.model_label, str(seam), reason).inc()
 
     def record(self, request_id: str, seam: int, result: combine_pb.ShadowResult) -> ShadowOutcome:
         cfg = self.cfg

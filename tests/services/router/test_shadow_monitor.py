@@ -51,7 +51,7 @@ def req() -> RequestState:
 
 
 def captured(steps: int = 4, n: int = 3) -> ShadowCapture:
-    cap = ShadowCapture(steps, client_logits=False)
+    cap = ShadowCapture(steps, client_logits=False, seam=8)
     for i in range(n):
         cap.take(router_pb.TokenEvent(token_id=10 + i, index=i, argmax_id=20 + i,
                                       logits=[0.5, 1.5] if i == 0 else []))
@@ -65,11 +65,12 @@ def test_sampling_is_hypic_only_at_the_rate():
         mon.sample(p, r)
         assert not p.shadow and not r.shadowed
     p, r = plan(), req()
-    mon.sample(p, r)
+    cap = mon.sample(p, r)
     assert p.shadow and r.shadowed and mon.sampled == 1
+    assert (cap.steps, cap.seam, cap.client_logits) == (16, 8, False)
     off = monitor(shadow_rate=0.0)
     p = plan()
-    off.sample(p, req())
+    assert off.sample(p, req()) is None
     assert not p.shadow and off.sampled == 0
     tenth = monitor(shadow_rate=0.1, rng_seed=1)
     for _ in range(4000):
@@ -105,8 +106,26 @@ def test_full_queue_drops_and_counts_without_waiting():
     job = mon.queue.get_nowait()
     assert job.prompt == [1, 2, 3, 5, 6] and job.request_id == "q0" and job.capture.argmax == [20, 21, 22]
     # nothing generated or no logits: nothing to compare, nothing queued
-    mon.submit(plan(), ShadowCapture(4, client_logits=False))
-    assert mon.queue.qsize() == 1 and mon.dropped == 3
+    before = dropped("unfinished")
+    mon.submit(plan(), ShadowCapture(4, client_logits=False, seam=8))
+    assert mon.queue.qsize() == 1 and mon.dropped == 4 and dropped("unfinished") - before == 1
+
+
+def test_a_sampled_request_that_does_not_complete_is_dropped_once():
+    mon = monitor()
+    before = dropped("unfinished")
+    failed = mon.sample(plan(), req())  # its answer never completed: finish without submit
+    mon.finish(failed)
+    mon.finish(failed)
+    assert mon.dropped == 1 and dropped("unfinished") - before == 1
+
+    async def completed() -> None:
+        done = mon.sample(plan(), req())
+        done.take(router_pb.TokenEvent(token_id=3, index=0, argmax_id=3, logits=[0.0, 1.0]))
+        mon.submit(plan(), done)
+        mon.finish(done)  # the request's end after a submit: nothing more to count
+    asyncio.run(completed())
+    assert mon.queue.qsize() == 1 and mon.dropped == 1 and mon.sampled == 2
 
 
 def test_busy_or_unreachable_combine_drops_and_counts(monkeypatch):
