@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import hypic
+from hypic.cli import main as cli_main
 from hypic.launcher import Mesh
 from hypic.messages import DriftSummary
 from protos.hypic.v1 import router_pb2 as router_pb
@@ -72,7 +73,7 @@ def wait_shadowed(mesh, n: int, timeout: float = 60.0):
         time.sleep(0.1)
 
 
-def test_every_hypic_request_is_shadowed_and_the_client_never_sees_it(mesh):
+def test_every_hypic_request_is_shadowed_and_the_client_never_sees_it(mesh, capsys):
     rids = [f"shadow-{i}" for i in range(N)]
     for i, rid in enumerate(rids):
         tokens = generate(mesh.router_address, rid, i, return_logits=(i == 1))
@@ -105,6 +106,10 @@ def test_every_hypic_request_is_shadowed_and_the_client_never_sees_it(mesh):
     assert value(front, "hypic_shadow_rolling_kl_mean") == pytest.approx(d.kl_mean)
     assert value(front, "hypic_shadow_rolling_agreement_mean") == pytest.approx(d.agreement_mean)
     assert value(front, "hypic_shadow_sample_rate") == 1.0
+
+    assert cli_main(["info", "--address", mesh.router_address, "--data-dir", str(mesh.data_dir)]) == 0
+    shown = json.loads(capsys.readouterr().out)["drift"]  # hypic info
+    assert (shown["shadowed"], shown["window"]) == (N, N) and shown["kl_mean"] == pytest.approx(d.kl_mean)
 
     recorded = [json.loads(line) for line in mesh.log("router").splitlines()
                 if '"event": "shadow recorded"' in line]
