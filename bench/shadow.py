@@ -1,6 +1,6 @@
 """Does the shadow recompute delay users' requests? (issue 26, docs/drift.md)
 
-    nice python -m bench.shadow [--requests 160 --blocks 4 --concurrency 4 --rate 0.1]
+    nice python -m bench.shadow [--requests 120 --blocks 4 --concurrency 4 --rate 0.1]   # ~4 min
 
 One mesh on the bundled model (segcache, one scatter, one combine, torch threads=1 each) with two
 routers in front of the same workers: one with --shadow-rate 0, one with --shadow-rate RATE (the
@@ -131,7 +131,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.shadow", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     ap.add_argument("--rate", type=float, default=0.1, help="the sampling router's --shadow-rate")
-    ap.add_argument("--requests", type=int, default=160, help="RAG requests (each sent at both rates)")
+    ap.add_argument("--requests", type=int, default=120, help="RAG requests (each sent at both rates)")
     ap.add_argument("--blocks", type=int, default=4, help="alternating blocks the requests are sent in")
     ap.add_argument("--concurrency", type=int, default=4, help="closed-loop clients")
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -160,8 +160,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print(f"shadows at rate {args.rate}: {sh['sampled']} sampled, {sh['shadowed']} computed, "
           f"{sh['dropped']} dropped {sh['dropped_by_reason']}; rolling KL {sh['kl_mean']:.4f} nats, "
           f"top-1 {sh['top1_rate']:.2f}, agreement {sh['agreement_mean']:.2f}")
-    res = dict(what=__doc__.split("\n\n", 2)[2].strip(), command="python -m bench." + Path(__file__).stem + " "
-               + " ".join(sys.argv[1:] if argv is None else argv),
+    res = dict(what=__doc__.split("\n\n", 2)[2].strip(),
+               command=" ".join(["python -m bench.shadow", *(sys.argv[1:] if argv is None else argv)]),
                model=str(args.model.name), trace=trace.summary(), rate=args.rate, concurrency=args.concurrency,
                max_tokens=args.max_tokens, blocks=args.blocks, ttft_by_rate=rates, ratio_vs_rate_0=ratios,
                shadows=sh, loadavg=os.getloadavg(), cpus=os.cpu_count(), platform=platform.platform(),
