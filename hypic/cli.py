@@ -215,8 +215,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """The router's Info (model path included), the front's address when `hypic up` started this
-    router from --data-dir, and each segcache's size (bytes and budget per tier)."""
+    """The router's Info (model path included; `drift`: the shadow monitor's counts and rolling
+    figures, docs/drift.md), the front's address when `hypic up` started this router from
+    --data-dir, and each segcache's size (bytes and budget per tier)."""
     import hypic
 
     try:

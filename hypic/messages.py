@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence, Union
 
 from hypic import errors
@@ -137,6 +137,28 @@ class GenerateResult:
 
 
 @dataclass(frozen=True)
+class DriftSummary:
+    """The router's shadow recompute figures (docs/drift.md): counts since start, and the means
+    over the last `window` shadows; guard_*: the drift guard's state."""
+    sample_rate: float = 0.0
+    sampled: int = 0
+    shadowed: int = 0
+    dropped: int = 0
+    over_threshold: int = 0
+    window: int = 0
+    kl_mean: float = 0.0
+    top1_rate: float = 0.0
+    agreement_mean: float = 0.0
+    guard_enabled: bool = False
+    guard_seam: int = 0
+    guard_full: bool = False
+
+    @classmethod
+    def from_proto(cls, d: router_pb.DriftSummary) -> "DriftSummary":
+        return cls(**{f.name: getattr(d, f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
 class Info:
     model_type: str
     model_fingerprint: str
@@ -148,6 +170,7 @@ class Info:
     combine_addresses: list[str]
     segcache_address: str
     model_path: str = ""  # the router's model directory
+    drift: DriftSummary = field(default_factory=DriftSummary)  # the shadow monitor's figures
 
     @classmethod
     def from_proto(cls, r: router_pb.InfoResponse) -> "Info":
@@ -156,7 +179,8 @@ class Info:
                    max_prompt_tokens=r.max_prompt_tokens,
                    scatter_addresses=list(r.scatter_addresses),
                    combine_addresses=list(r.combine_addresses),
-                   segcache_address=r.segcache_address, model_path=r.model_path)
+                   segcache_address=r.segcache_address, model_path=r.model_path,
+                   drift=DriftSummary.from_proto(r.drift))
 
 
 # ---- request building ----------------------------------------------------------------------------

@@ -341,6 +341,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "        parent = extract(handler_call_details.invocation_metadata)",
            "        parent = None",
            ("tests/mesh/test_tracing.py",)),
+    # -- shadow recompute: off the request's path, invisible to the client, on idle capacity only ------
+    Mutant("shadow-greedy-pick-reaches-client", "services/router/shadow.py",
+           '        tok.ClearField("argmax_id")\n', "",
+           ("tests/services/router/test_shadow_monitor.py", "-k", "capture")),
+    Mutant("shadow-queue-unbounded", "services/router/shadow.py",
+           "asyncio.Queue(maxsize=cfg.shadow_queue)", "asyncio.Queue()",
+           ("tests/services/router/test_shadow_monitor.py", "-k", "queue")),
+    Mutant("combine-shadows-while-serving", "services/combine/shadow.py",
+           "if self.in_flight > 0 or self.shadow_running:", "if self.shadow_running:",
+           ("tests/services/combine/test_shadow.py", "-k", "busy")),
 )
 
 

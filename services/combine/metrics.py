@@ -34,3 +34,5 @@ COMPOSITIONS = Counter("hypic_combine_compositions", "Prompt states composed fro
 REQUESTS = Counter("hypic_combine_requests", "Execute calls by mode and outcome", ["mode", "outcome"])
 TOKENS = Counter("hypic_combine_generated_tokens", "Tokens generated")
 IN_FLIGHT = Gauge("hypic_combine_in_flight", "Execute calls in progress")
+# outcome: computed | busy (refused: serving requests or another shadow) | invalid | error
+SHADOWS = Counter("hypic_combine_shadows", "Shadow recomputes (issue 26) by outcome", ["outcome"])

@@ -43,6 +43,7 @@ from services.combine import metrics as m
 from services.combine.config import CombineConfig
 from services.combine.fetch import Acquired, Deadline, DeadlineExceeded, RequestCtx, acquire
 from services.combine.peers import Peers
+from services.combine.shadow import ShadowRPC
 
 log = structlog.get_logger("combine.servicer")
 
@@ -172,7 +173,7 @@ class SegcacheMembers:
         return list(self.members.members)
 
 
-class CombineServicer(combine_grpc.CombineServicer):
+class CombineServicer(ShadowRPC, combine_grpc.CombineServicer):  # + Shadow (services/combine/shadow.py)
     def __init__(self, cfg: CombineConfig, engine: HybridEngine):
         self.cfg = cfg
         self.engine = engine
@@ -308,8 +309,9 @@ class CombineServicer(combine_grpc.CombineServicer):
         pick = functools.partial(pick_token, temperature=float(plan.temperature), top_k=top_k, gen=gen,
                                  top_p=float(plan.top_p))
         tok = pick(logits)
-        first = router_pb.TokenEvent(token_id=tok, index=0)
-        if plan.return_logits:
+        # a shadowed plan: the query's logits and every step's greedy pick, for the router's shadow
+        first = router_pb.TokenEvent(token_id=tok, index=0, argmax_id=int(logits.argmax()) if plan.shadow else 0)
+        if plan.return_logits or plan.shadow:
             first.logits.extend(logits.float().tolist())
         ex.timings.ttft_s = time.perf_counter() - ex.t_start
         m.STAGE_SECONDS.labels("ttft").observe(ex.timings.ttft_s)
@@ -320,9 +322,10 @@ class CombineServicer(combine_grpc.CombineServicer):
                 break
             ex.ctx.deadline.left()
             t = time.perf_counter()
-            tok, state = await self.run(self._step, tok, state, pick)
+            tok, greedy, state = await self.run(self._step, tok, state, pick)
             m.STAGE_SECONDS.labels("decode_token").observe(time.perf_counter() - t)
-            yield combine_pb.CombineEvent(token=router_pb.TokenEvent(token_id=tok, index=index))
+            yield combine_pb.CombineEvent(token=router_pb.TokenEvent(
+                token_id=tok, index=index, argmax_id=greedy if plan.shadow else 0))
             m.TOKENS.inc()
 
     async def _settle(self, ex: _Execution) -> None:
@@ -495,4 +498,4 @@ class CombineServicer(combine_grpc.CombineServicer):
     @torch.inference_mode()
     def _step(self, tok: int, state, pick: Callable):
         logits, state = self.engine.decode_step(tok, state)
-        return pick(logits), state
+        return pick(logits), int(logits.argmax()), state

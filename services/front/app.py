@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from services.front import cache_usage, metrics as m
+from services.front import cache_usage, drift_figures, metrics as m
 from services.front.config import FrontConfig
 from services.front.errors import ApiError, bad_request
 from services.front.generation import Generation
@@ -300,6 +300,7 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> Response:
         await cache_usage.refresh(front.pool, cfg.model_name)
+        await drift_figures.refresh(front.pool, cfg.model_name)
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return app

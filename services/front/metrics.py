@@ -41,6 +41,21 @@ WAITING = Gauge("hypic_num_requests_waiting", "Requests at the front still waiti
 CACHE_USAGE = Gauge("hypic_cache_usage_perc", "Segment cache bytes held / budget per tier, over "
                     "the router's segcache instances (1 = full); refreshed at each scrape",
                     ["model_name", "tier"])
+# The router's shadow recompute figures (docs/drift.md), refreshed at each scrape
+# (services/front/drift_figures.py): means over the router's last `window` shadows.
+SHADOW_KL_MEAN = Gauge("hypic_shadow_rolling_kl_mean", "Router's mean KL(full || hypic) at the query "
+                       "over its last shadows, nats", ["model_name"])
+SHADOW_TOP1_RATE = Gauge("hypic_shadow_rolling_top1_rate", "Router's fraction of its last shadows whose "
+                         "top-1 token at the query agrees with full recompute", ["model_name"])
+SHADOW_AGREEMENT_MEAN = Gauge("hypic_shadow_rolling_agreement_mean", "Router's mean teacher-forced "
+                              "decode agreement over its last shadows", ["model_name"])
+SHADOW_WINDOW = Gauge("hypic_shadow_rolling_window", "Shadows the rolling figures are over",
+                      ["model_name"])
+SHADOW_SAMPLE_RATE = Gauge("hypic_shadow_sample_rate", "Fraction of hypic requests the router samples "
+                           "for a shadow recompute", ["model_name"])
+# count: sampled | shadowed | dropped | over_threshold (the router's totals since it started)
+SHADOW_COUNTS = Gauge("hypic_shadow_counts", "The router's shadow recompute counts",
+                      ["model_name", "count"])
 HTTP = Counter("hypic_front_http_requests", "HTTP requests by endpoint and status",
                ["endpoint", "status"])
 

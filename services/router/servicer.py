@@ -45,6 +45,7 @@ from services.router.model import ModelInfo
 from services.router.planner import CostModel, Job, Planner
 from services.router.pools import CombinePool, ScatterPool
 from services.router.request import RequestState, norm_tier, tier_name
+from services.router.shadow import ShadowCapture, ShadowMonitor
 
 log = structlog.get_logger("router.servicer")
 
@@ -84,6 +85,8 @@ class RouterServicer(router_grpc.RouterServicer):
         self.guard = DriftGuard(cfg)
         self.in_flight = 0
         self._tasks: list[asyncio.Task] = []
+        self.shadow = ShadowMonitor(cfg, self.combines, model.fingerprint, cfg.model.name)
+        self.shadow.listeners.append(self._on_shadow_result)  # the guard learns from every shadow
         self._publish_cost()
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -97,6 +100,7 @@ class RouterServicer(router_grpc.RouterServicer):
                 self._tasks.append(asyncio.create_task(ms.run()))
         if self.cfg.scatter_addresses and self.cfg.load_poll_s > 0:
             self._tasks.append(asyncio.create_task(self.scatters.run(self.cfg.load_poll_s)))
+        self.shadow.start()
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -104,6 +108,7 @@ class RouterServicer(router_grpc.RouterServicer):
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        await self.shadow.close()
         await self.combines.close()
         await self.scatters.close()
         if self.segcache is not None:
@@ -128,11 +133,15 @@ class RouterServicer(router_grpc.RouterServicer):
             model_path=str(self.cfg.model), drift=self._drift_summary())
 
     def _drift_summary(self) -> router_pb.DriftSummary:
+        """The shadow monitor's rolling figures with the guard's state."""
+        summary = self.shadow.summary()
         g = self.guard.summary()
-        return router_pb.DriftSummary(guard_enabled=g.enabled, guard_seam=g.seam, guard_full=g.full)
+        summary.guard_enabled, summary.guard_seam, summary.guard_full = g.enabled, g.seam, g.full
+        return summary
 
-    def _on_shadow_result(self, result: combine_pb.ShadowResult, seam: int) -> None:
-        """A shadow monitor listener: the guard learns how far answers served with `seam` drift."""
+    def _on_shadow_result(self, result, seam: int) -> None:
+        """A shadow monitor listener: the guard learns how far answers served with `seam` drift
+        (`result`: a ShadowOutcome or a ShadowResult; the guard reads kl, top1_agree, agreement)."""
         self.guard.observe(result.kl, result.top1_agree, result.agreement, seam)
 
     # ---- Generate ------------------------------------------------------------------------------
@@ -153,10 +162,12 @@ class RouterServicer(router_grpc.RouterServicer):
                                 f"{self.cfg.max_in_flight}); retry later")
         self.in_flight += 1
         m.IN_FLIGHT.set(self.in_flight)
+        shadow = None  # sampled: what the shadow keeps of the answer (services/router/shadow.py)
         try:
             await self._prepare(request, req)
             plan = await self._plan(request, req)
-            async with contextlib.aclosing(self._execute(plan, req)) as events:
+            shadow = self.shadow.sample(plan, req)
+            async with contextlib.aclosing(self._execute(plan, req, shadow)) as events:
                 async for ev in events:
                     yield ev
         except Abort as e:
@@ -178,6 +189,8 @@ class RouterServicer(router_grpc.RouterServicer):
             if req.ticket is not None:
                 self.planner.release(req.ticket)
                 self._publish_loads()
+            if shadow is not None:
+                self.shadow.finish(shadow)  # an answer that did not complete: dropped, counted
 
     # ---- stages --------------------------------------------------------------------------------
     async def _prepare(self, request: router_pb.GenerateRequest, req: RequestState) -> None:
@@ -404,7 +417,8 @@ class RouterServicer(router_grpc.RouterServicer):
                 self._publish_cost()
             self._publish_loads()
 
-    async def _execute(self, plan: combine_pb.Plan, req: RequestState) -> AsyncIterator[router_pb.GenerateEvent]:
+    async def _execute(self, plan: combine_pb.Plan, req: RequestState,
+                       shadow: ShadowCapture | None = None) -> AsyncIterator[router_pb.GenerateEvent]:
         md = self._md(req)
         detok = self.model.detokenizer()
         last_error = ""
@@ -427,6 +441,8 @@ class RouterServicer(router_grpc.RouterServicer):
                     elif kind == "token":
                         tok = router_pb.TokenEvent()
                         tok.CopyFrom(ev.token)
+                        if shadow is not None:  # keeps the shadow's part, strips it from the client's
+                            shadow.take(tok)
                         if detok is not None:
                             tok.text = detok.push(tok.token_id)
                         first = req.tokens_sent == 0
@@ -445,6 +461,8 @@ class RouterServicer(router_grpc.RouterServicer):
                 log.info("done", combine=c.address, tokens=req.tokens_sent,
                          ttft_s=round(req.ttft_s, 4), total_s=round(final.total_s, 4),
                          hits=final.hits, misses=final.misses)
+                if shadow is not None:
+                    self.shadow.submit(plan, shadow)
                 yield router_pb.GenerateEvent(request_id=req.rid, timings=final, done=True)
                 return
             except grpc.aio.AioRpcError as e:
