@@ -9,6 +9,7 @@ evaluation (bench.quality.eval --drift-offline) reports for the same prompts.
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -16,12 +17,13 @@ import pytest
 import hypic
 from bench.quality.eval import prompt_ids
 from common.engine.hybrid_engine import HybridEngine
-from hypic.launcher import DEFAULT_MODEL, Mesh
+from hypic.launcher import DEFAULT_MODEL, REPO_ROOT, Mesh
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(900)]
 
 WINDOW = 4        # the guard decides on this many shadows per level
 MAX_TOKENS = 16
+OFFLINE = REPO_ROOT / "bench" / "quality" / "results" / "drift_offline.json"
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +74,28 @@ def test_a_hidden_fault_is_flagged_and_the_guard_brings_full_recompute_answers_b
             assert guarded.served.mode == "full" and not guarded.served.shadowed, guarded.served
             assert guarded.tokens == full.tokens
         assert client.info().drift.sampled == len(levels)
+
+
+def test_the_monitor_reports_the_offline_figures_for_the_same_prompts(tmp_path, engine) -> None:
+    offline = json.loads(OFFLINE.read_text())
+    assert offline["fingerprint"] == engine.fingerprint, "drift_offline.json is another model's: regenerate it"
+    prompts = offline["prompts"]
+    args = {"router": ["--shadow-rate", "1", "--no-drift-guard", "--seam", str(offline["seam"]),
+                       "--shadow-steps", str(offline["steps"]), "--drift-window", str(len(prompts))]}
+    with Mesh(None, tmp_path, n_scatter=0, threads=1, extra_args=args, start_timeout_s=240) as mesh, \
+            hypic.Client(mesh.router_address, timeout=120) as client:
+        same_tokens = 0
+        for n, p in enumerate(prompts, 1):
+            result = client.generate(p["segments"], p["query"], max_tokens=offline["steps"], stream=False,
+                                     stop_at_eos=False)
+            same_tokens += result.tokens == p["generated"]
+            drift = settled(client, sampled=n).drift
+    assert drift.shadowed == len(prompts) and drift.dropped == 0, drift
+    s = offline["summary"]
+    # The same prompts through the mesh: the same answers (a near-tie may flip under another order
+    # of float sums) and the same figures, within the offline figures' own 95% intervals.
+    assert same_tokens >= 0.9 * len(prompts), same_tokens
+    assert s["kl_interval95"][0] <= drift.kl_mean <= s["kl_interval95"][1], (drift, s)
+    assert s["agreement_interval95"][0] <= drift.agreement_mean <= s["agreement_interval95"][1], (drift, s)
+    assert s["top1_interval95"][0] <= drift.top1_rate <= s["top1_interval95"][1], (drift, s)
+    assert abs(drift.kl_mean - s["kl_mean"]) <= 0.25 * (s["kl_interval95"][1] - s["kl_interval95"][0]), (drift, s)
