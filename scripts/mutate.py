@@ -172,7 +172,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("front-deep-json-unhandled", "services/front/app.py",
            "    except RecursionError:\n", "    except ZeroDivisionError:\n",
            ("tests/system/test_fuzzed_requests.py", "-k", "front")),
-    Mutant("combine-dials-any-planned-segcache", "services/combine/servicer.py",
+    Mutant("combine-dials-any-planned-segcache", "services/combine/segcache_members.py",
            "    if unknown:\n", "    if False:\n",
            ("tests/services/combine/test_segcache_members.py",)),
     Mutant("front-shows-routers-no-certificate", "services/front/routers.py",

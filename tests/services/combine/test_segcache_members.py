@@ -9,7 +9,7 @@ import pytest
 
 from common.mesh.abort import Abort
 from protos.hypic.v1 import combine_pb2 as combine_pb
-from services.combine.servicer import SegcacheMembers, planned_segcache
+from services.combine.segcache_members import SegcacheMembers, planned_segcache
 from tests.support.dns_server import LoopbackDNS
 from tests.support.worker_mesh import (arun, assert_matches, execute, make_plan, prompt, reference,
                                        status_of)
