@@ -36,7 +36,9 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
     port: int = field(default=50061, metadata=field_help("gRPC port; 0 = ephemeral"))
     port_file: Optional[Path] = field(
         default=None, metadata=field_help("write {port, metrics_port, pid} as JSON here once serving"))
-    max_message_bytes: int = field(default=8 * MiB, metadata=field_help("largest gRPC message, each way"))
+    max_message_bytes: int = field(default=2 * MiB, metadata=field_help(
+        "largest gRPC message, each way; small, since gRPC holds a stream's first message before its Put "
+        "header can be refused (clients send 1 MiB chunks)"))
     chunk_bytes: int = field(default=1 * MiB, metadata=field_help("Get stream chunk size"))
     max_key_bytes: int = field(default=256, metadata=field_help("longest key (UTF-8 bytes)"))
     max_lookup_keys: int = field(default=4096, metadata=field_help("most keys in one Lookup/Delete/Pin"))

@@ -113,15 +113,17 @@ class PeakRss:
 
 
 BUDGET_MIB, ENTRY_MIB, N = 64, 16, 20
-# Over the RSS at start: the host tier (64 MiB) + uploads (64 MiB) + the messages grpc holds for
-# refused streams, and allocator slack.
-# (measured here from ~448 MiB at start: peaks ~150 MiB over it concurrent and ~300 MiB stalled
-# (20 first messages of 4 MiB arrive before any header can be refused); before issue 30 each
-# round of stalled uploads kept ~110 MiB more, held in reference cycles the collector left)
-PEAK_BOUND_MIB = 5 * BUDGET_MIB
-STALLED_PEAK_BOUND_MIB = 6 * BUDGET_MIB  # not yet bounded by the budgets: see docs/security.md
+# The peak over the RSS at start, concurrent or stalled: the host tier (64 MiB), the upload budget
+# (64 MiB) and a stated constant for what gRPC holds of the streams it has not handed over yet
+# (at most one message each: segcache's --max-message-bytes is 2 MiB, clients send 1 MiB chunks).
+# Measured from ~69 MiB at start: 133 concurrent, 127 stalled; with 8 MiB messages and 4 MiB first
+# chunks it was 153 and 239 (the stalled streams' first messages arrive before any header can be
+# refused); before issue 30 each round of stalled uploads kept ~110 MiB more, held in reference
+# cycles the collector left.
+GRPC_CONSTANT_MIB = 32
+PEAK_BOUND_MIB = 2 * BUDGET_MIB + GRPC_CONSTANT_MIB
 # What stays after the uploads end: the host tier's 64 MiB, the upload budget's worth of
-# allocator high-water, and a stated constant (measured 170-220 MiB over start).
+# allocator high-water, and a stated constant (measured ~70 MiB over start).
 RETAINED_CONSTANT_MIB = 128
 AFTER_BOUND_MIB = 2 * BUDGET_MIB + RETAINED_CONSTANT_MIB
 STALLED_ROUNDS = 3
@@ -153,7 +155,7 @@ def test_puts_stay_within_the_upload_budget(launch, fresh_seed: int) -> None:
         async def put_then_stall(c: SegcacheClient, i: int):
             async def messages():
                 yield segcache_pb.PutRequest(header=segcache_pb.PutHeader(key=f"s{i}", size=ENTRY_MIB * MiB),
-                                    data=blobs[i % 4][:4 * MiB])
+                                    data=blobs[i % 4][:1 * MiB])
                 await asyncio.sleep(3600)  # the client never sends the rest, never hangs up
             return await code_of(c.stub.Put(messages(), timeout=60))
 
@@ -187,9 +189,18 @@ def test_puts_stay_within_the_upload_budget(launch, fresh_seed: int) -> None:
     after = rounds[-1]
     print(f"segcache RSS MiB: base {base:.0f}, peak concurrent {peak:.0f}, between {mid:.0f} "
           f"({codes.count(C.OK)} of {N} stored), peak stalled {peak2:.0f}, after rounds {rounds}")
-    assert peak - base < PEAK_BOUND_MIB and peak2 - base < STALLED_PEAK_BOUND_MIB, (base, peak, peak2)
+    assert peak - base < PEAK_BOUND_MIB and peak2 - base < PEAK_BOUND_MIB, (base, peak, peak2)
     assert after - base < AFTER_BOUND_MIB, (base, after)
     assert rounds[-1] - rounds[0] < ROUND_GROWTH_MIB, rounds
+
+    async def oversized_first_message():  # past --max-message-bytes: refused before it is held
+        async def messages():
+            yield segcache_pb.PutRequest(header=segcache_pb.PutHeader(key="big", size=ENTRY_MIB * MiB),
+                                         data=blobs[0][:4 * MiB])
+            await asyncio.sleep(3600)
+        async with SegcacheClient(srv.target) as c:
+            return await code_of(c.stub.Put(messages(), timeout=60))
+    assert arun(oversized_first_message()) == C.RESOURCE_EXHAUSTED
 
     async def budget_is_free_again():
         async with SegcacheClient(srv.target) as c:
