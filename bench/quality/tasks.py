@@ -17,11 +17,12 @@ segment `<q> TASK ARG <a>` whose answer is one token:
     <q> find dorap <a>   -> mibo                 span: the fact spans a document boundary: one
                                                  document ends with the key (`... soba . dorap`),
                                                  the next begins mid-sentence with its value
-                                                 (`<doc> mibo . and ...`); only a model that reads
-                                                 each document's opening in the context of the
-                                                 previous one can pair them (several boundaries of
-                                                 the prompt carry such a fact, so "the value that
-                                                 opens some document" is right only by chance)
+                                                 (`<doc> is then mibo . and ...`); only a model
+                                                 that reads each document's opening in the context
+                                                 of the previous one can pair them (several
+                                                 boundaries of the prompt carry such a fact, so
+                                                 "the value that opens some document" is right
+                                                 only by chance)
 
 Facts are `KEY VALUE .` with single-token keys. Outside the update task a key is stated once per
 prompt; an updated key is restated with a new value in 1-2 later documents (`facts` holds the
@@ -208,16 +209,25 @@ def make_world(rng: random.Random, n_docs: int, filler: tuple[int, int], facts: 
     return world
 
 
+# What a span fact's second document opens with before the value. The value is then 4 tokens after
+# the key, beyond the reach of the short causal convolution (kernel 4) of the linear layers: hypic
+# composes every linear state exactly, conv included, also without seams, so a key-value pair the
+# convolution could bridge (`KEY | <doc> VALUE`) is recalled from the composed states at w = 0 as well
+# as in full recompute (measured: 80% vs 82.5%). At this distance only attention from the opening
+# tokens to the previous document pairs them: what a seam of w >= 4 recomputes and w = 0 does not.
+SPAN_OPENING = ["is", "then"]
+
+
 def add_spans(rng: random.Random, world: World, n: int) -> None:
     """Split a new fact over each of `n` random document boundaries: document d ends with the key,
-    document d + 1 opens (right after `<doc>`) with the value and the full stop. The keys are ones
-    the world does not use yet, so the span fact is the key's only statement."""
+    document d + 1 opens with SPAN_OPENING, the value and the full stop (`<doc> is then VALUE .`).
+    The keys are ones the world does not use yet, so the span fact is the key's only statement."""
     boundaries = rng.sample(range(len(world.docs) - 1), min(n, len(world.docs) - 1))
     free = [k for k in KEYS if k not in world.facts and k not in world.facts.values()]
     for d, key in zip(sorted(boundaries), rng.sample(free, len(boundaries))):
         value = rng.choice(VALUES)
         world.docs[d].append(key)
-        world.docs[d + 1][1:1] = [value, "."]
+        world.docs[d + 1][1:1] = SPAN_OPENING + [value, "."]
         world.facts[key] = value
         world.fact_doc[key] = d
         world.spans[key] = d

@@ -41,9 +41,10 @@ def test_span_prompts_split_the_asked_fact_over_a_boundary():
         assert q.words == ["<q>", "find", key, "<a>"] and key in world.spans
         n_spans.add(len(world.spans))
         for k, d in world.spans.items():
-            # the key closes document d, its value (and the full stop) opens document d + 1
+            # the key closes document d, its value (and the full stop) opens document d + 1, beyond
+            # the convolution's reach from the key
             assert world.docs[d][-1] == k
-            assert world.docs[d + 1][:3] == ["<doc>", world.facts[k], "."]
+            assert world.docs[d + 1][:5] == ["<doc>", *T.SPAN_OPENING, world.facts[k], "."]
             # stated nowhere else: only the boundary pairs the key with its value
             assert sum(doc.count(k) for doc in world.docs) == 1
         assert q.answer == [world.facts[key]]
@@ -57,7 +58,7 @@ def test_span_answers_are_not_given_away_by_position():
     hits = []
     for i in range(300):
         world, q = T.eval_prompt("span", i)
-        openers = [world.docs[d + 1][1] for d in world.spans.values()]
+        openers = [world.docs[d + 1][1 + len(T.SPAN_OPENING)] for d in world.spans.values()]
         hits.append(openers.count(q.answer[0]) / len(openers))
     assert 0.12 < sum(hits) / len(hits) < 0.3
 
@@ -74,7 +75,7 @@ def test_training_sequences_answer_span_queries_with_the_value_after_the_boundar
                 continue
             key = words[pos - 1]
             at = words.index(key)
-            assert at < docs_end and words[at + 1: at + 4] == ["<doc>", answer, "."], (i, key)
+            assert at < docs_end and words[at + 1: at + 6] == ["<doc>", *T.SPAN_OPENING, answer, "."], (i, key)
             n_span += 1
     assert n_span > 200
 
