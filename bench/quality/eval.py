@@ -212,6 +212,30 @@ def _run_chunk(job: tuple[str, int, int, tuple[str, ...], str, int]) -> list[tup
     return out
 
 
+def intervals(correct: dict) -> dict:
+    """95% Wilson intervals of the accuracies from the per-prompt correctness strings ("0110...")."""
+    return {t: {m: list(wilson(bits.count("1"), len(bits))) for m, bits in per_mode.items()}
+            for t, per_mode in correct.items()}
+
+
+def merge_drift(path: Path, model: Path, n: int, threads: int = 1) -> dict:
+    """Add to a published quality.json (computed for these weights) what it lacks: the Wilson
+    intervals (from its correctness strings) and the drift figures of its modes over the first n
+    prompts per task (KL and top-1 at the query, DRIFT_STEPS-token decode agreement)."""
+    from bench import results_json
+
+    res = results_json.load(path)
+    if res["fingerprint"] != load_engine(model).fingerprint:
+        raise SystemExit(f"{path} was computed for other weights than {model}")
+    res["interval95"] = intervals(res["correct"])
+    drift = evaluate(model, n, tuple(res["tasks"]), tuple(res["modes"]), res.get("order", "layer"),
+                     threads=threads, drift_n=n)
+    for key in ("query_prompts", "query_kl", "query_top1", "decode_steps", "decode_agreement"):
+        res[key] = drift[key]
+    res["drift_eval_s"] = drift["eval_s"]
+    return res
+
+
 def drift_figures(modes, tasks, kl: dict, top1: dict, agree: dict) -> dict:
     """quality.json's drift section from per-prompt figures ({task: {mode: [...]}})."""
     def agreement(t, m):
@@ -221,6 +245,7 @@ def drift_figures(modes, tasks, kl: dict, top1: dict, agree: dict) -> dict:
 
     out: dict = {"decode_steps": DRIFT_STEPS}
     if any(kl[t][m] for t in tasks for m in modes):
+        out["query_prompts"] = len(kl[tasks[0]][modes[0]])
         out["query_kl"] = {t: {m: sum(kl[t][m]) / len(kl[t][m]) for m in modes} for t in tasks}
         out["query_top1"] = {t: {m: {"pct": 100.0 * sum(top1[t][m]) / len(top1[t][m]),
                                      "interval95": list(wilson(sum(top1[t][m]), len(top1[t][m])))}
@@ -279,7 +304,7 @@ def evaluate(model: Path, n: int, tasks=T.TASKS, modes=MODES, order: str = "laye
         "tasks": list(tasks),
         "order": order,
         "accuracy": acc,
-        "interval95": {t: {m: list(wilson(sum(per[t][m]), n)) for m in modes} for t in tasks},
+        "interval95": intervals({t: {m: "".join(map(str, per[t][m])) for m in modes} for t in tasks}),
         "delta_vs_full": {t: {m: acc[t][m] - acc[t]["full"] for m in modes} for t in tasks if "full" in modes},
         "prompt_tokens": {t: {"mean": sum(v) / len(v), "min": min(v), "max": max(v)} for t, v in n_tokens.items()},
         "correct": {t: {m: "".join(map(str, per[t][m])) for m in modes} for t in tasks},
@@ -330,7 +355,7 @@ def drift_tables(res: dict) -> list[str]:
     head = ["| task | " + " | ".join(label(m) for m in modes) + " |", "|---|" + "---:|" * len(modes)]
     if "query_kl" in res:
         lines += ["", f"KL(full recompute || mode) of the next-token distributions at the query, nats (mean over "
-                  f"{res['n_per_task']} prompts per task):", "", *head]
+                  f"{res.get('query_prompts', res['n_per_task'])} prompts per task):", "", *head]
         lines += [f"| {t} | " + " | ".join(f"{res['query_kl'][t][m]:.4f}" for m in modes) + " |" for t in tasks]
         lines += ["", "Top-1 agreement with full recompute at the query, % [95% Wilson interval]:", "", *head]
         lines += [f"| {t} | " + " | ".join(_cell(res["query_top1"][t][m]["pct"], res["query_top1"][t][m]["interval95"])
@@ -387,6 +412,9 @@ def main(argv=None) -> int:
                     "(quality_cut.json, quality_cut.md)")
     ap.add_argument("--drift-n", type=int, default=DRIFT_N,
                     help=f"prompts per task with the {DRIFT_STEPS}-token decode agreement (0: none)")
+    ap.add_argument("--merge-drift", type=int, default=0, metavar="N",
+                    help="add to the published quality.json (same weights) its Wilson intervals and the drift "
+                    "figures over its first N prompts per task, without re-running its accuracies")
     ap.add_argument("--drift-offline", action="store_true",
                     help="write only drift_offline.json (hypic w=8, k=16; bench.quality.drift_offline)")
     args = ap.parse_args(argv)
@@ -399,6 +427,10 @@ def main(argv=None) -> int:
     modes = CUT_MODES if args.cut else tuple(args.modes or MODES)
     if "full" in modes:  # first: the other modes' KL and top-1 agreement are against its logits
         modes = ("full",) + tuple(m for m in modes if m != "full")
+    if args.merge_drift:
+        res = merge_drift(args.out / "quality.json", args.model, args.merge_drift, args.threads)
+        write_results(res, args.out, "quality", "--merge-drift " + str(args.merge_drift))
+        return 0
     res = evaluate(args.model, args.n, tuple(args.tasks), modes,
                    order=args.order, workers=args.workers, threads=args.threads,
                    drift_n=0 if args.cut else min(args.drift_n, args.n))
@@ -408,21 +440,28 @@ def main(argv=None) -> int:
         model_rel = str(args.model)
     res = {"model": model_rel, "fingerprint": load_engine(args.model).fingerprint, "eval_seed": T.EVAL_SEED,
            "docs_per_prompt": T.EVAL_DOCS, "threads": args.threads, **res}
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "quality_cut" if args.cut else "quality"
-    (args.out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
+    write_results(res, args.out, "quality_cut" if args.cut else "quality", "--cut" if args.cut else "")
+    return 0
+
+
+def write_results(res: dict, out: Path, name: str, flags: str) -> None:
+    """{name}.json, {name}.md (and quality.png when every mode was run) under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    cut = name == "quality_cut"
+    model_rel = res["model"]
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1) + "\n")
     table = markdown_table(res)
-    what = "the documents joined into one, cut at L tokens" if args.cut else f"{T.EVAL_DOCS} documents"
-    (args.out / f"{name}.md").write_text(
+    what = "the documents joined into one, cut at L tokens" if cut else f"{T.EVAL_DOCS} documents"
+    (out / f"{name}.md").write_text(
         f"# Quality: exact match, % ({res['n_per_task']} held-out prompts per task, "
         f"{what}, ~{round(sum(v['mean'] for v in res['prompt_tokens'].values()) / len(res['tasks']))} tokens)\n\n"
-        f"Generated by `python -m bench.quality.eval{' --cut' if args.cut else ''}` from {name}.json; "
+        f"Generated by `python -m bench.quality.eval{' ' + flags if flags and 'merge' not in flags else ''}`"
+        f"{f', then `python -m bench.quality.eval {flags}`,' if 'merge' in flags else ''} from {name}.json; "
         f"model `{model_rel}`.\n\n{table}\n")
-    if not args.cut and set(MODES) <= set(modes):
-        plot(res, args.out / "quality.png")
+    if not cut and set(MODES) <= set(res["modes"]):
+        plot(res, out / "quality.png")
     print(table)
-    print(f"\n{res['eval_s']:.0f} s -> {args.out}/{name}.json, {name}.md")
-    return 0
+    print(f"\n{res['eval_s']:.0f} s -> {out}/{name}.json, {name}.md")
 
 
 if __name__ == "__main__":
