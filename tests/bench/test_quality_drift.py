@@ -77,3 +77,25 @@ def test_drift_offline_json_is_this_models(engine):
         assert (again["segments"], again["query"], again["generated"]) == (p["segments"], p["query"], p["generated"])
         assert again["kl"] == pytest.approx(p["kl"], rel=1e-3, abs=1e-6)
         assert (again["top1_agree"], again["agreement"]) == (p["top1_agree"], p["agreement"])
+
+
+def test_published_intervals_and_drift_figures_are_consistent():
+    from bench import results_json
+    from bench.quality import eval as E
+
+    q = results_json.load(ROOT / "bench" / "quality" / "results" / "quality.json")
+    if "interval95" not in q:
+        pytest.skip("quality.json written before the intervals")
+    assert q["interval95"] == E.intervals(q["correct"])
+    for t in q["tasks"]:
+        for m in q["modes"]:
+            lo, hi = q["interval95"][t][m]
+            assert lo <= q["accuracy"][t][m] <= hi
+    if "decode_agreement" in q:
+        for t in q["tasks"]:
+            # full recompute against itself: no divergence, every step agrees
+            assert q["query_kl"][t]["full"] == pytest.approx(0.0, abs=1e-6)
+            assert q["decode_agreement"][t]["full"]["mean"] == 100.0
+            for m in q["modes"]:
+                a = q["decode_agreement"][t][m]
+                assert 0.0 <= a["interval95"][0] <= a["mean"] <= a["interval95"][1] + 1e-9 and a["mean"] <= 100.0

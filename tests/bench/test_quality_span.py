@@ -114,3 +114,8 @@ def test_mean_interval_is_the_normal_interval_of_the_mean():
     assert m == pytest.approx(sum(xs) / len(xs))
     assert hi - m == pytest.approx(m - lo) == pytest.approx(E.Z95 * sd / len(xs) ** 0.5)
     assert E.mean_interval([1.0] * 5) == (1.0, 1.0, 1.0)
+
+
+def test_intervals_count_the_correctness_strings():
+    got = E.intervals({"retrieval": {"full": "1101", "hypic_w0": "0000"}})
+    assert got == {"retrieval": {"full": list(E.wilson(3, 4)), "hypic_w0": [0.0, E.wilson(0, 4)[1]]}}
