@@ -1,6 +1,6 @@
 """The offline drift figures the online shadow monitor is compared with (issue 26, item 4).
 
-    python -m bench.quality.eval --drift-offline [--out bench/quality/results]   # drift_offline.json
+    python -m bench.quality.drift_offline [--model models/hypic-tiny-qwen35] [--out bench/quality/results]
 
 For hypic with the router's default seam (w=8), OFFLINE_PER_TASK held-out prompts of every task
 (the first ones of bench.quality.tasks.eval_prompt, the prompts quality.json starts with) go through
@@ -14,6 +14,7 @@ figures with these, prompt by prompt or as means.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
@@ -79,3 +80,18 @@ def write(model: Path, path: Path, **kw) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=None, separators=(",", ":")).replace(',{"task"', ',\n{"task"') + "\n")
     return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=E.DEFAULT_MODEL)
+    ap.add_argument("--out", type=Path, default=E.DEFAULT_OUT)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    res = write(args.model, args.out / FILE, threads=args.threads)
+    print(json.dumps(res["summary"]), f"\n{res['eval_s']:.0f} s -> {args.out / FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -37,9 +37,9 @@ Writes quality.json (accuracies with intervals, drift figures, every prompt's co
 and the first prompts' predictions with their logit margins, which tests/bench/test_quality_replay.py
 replays), quality.md and quality.png.
 
-    python -m bench.quality.eval --drift-offline [bench/quality/results/drift_offline.json]
+    python -m bench.quality.drift_offline     # bench/quality/results/drift_offline.json
 
-writes instead, for hypic w=8, OFFLINE_PER_TASK prompts of each task as token ids with their KL,
+writes, for hypic w=8, OFFLINE_PER_TASK prompts of each task as token ids with their KL,
 top-1 and decode agreement over OFFLINE_STEPS (16) tokens: what a system test replays through the
 mesh with the shadow monitor on, to compare the online figures with the offline ones.
 """
@@ -415,15 +415,7 @@ def main(argv=None) -> int:
     ap.add_argument("--merge-drift", type=int, default=0, metavar="N",
                     help="add to the published quality.json (same weights) its Wilson intervals and the drift "
                     "figures over its first N prompts per task, without re-running its accuracies")
-    ap.add_argument("--drift-offline", action="store_true",
-                    help="write only drift_offline.json (hypic w=8, k=16; bench.quality.drift_offline)")
     args = ap.parse_args(argv)
-    if args.drift_offline:
-        from bench.quality import drift_offline
-
-        off = drift_offline.write(args.model, args.out / drift_offline.FILE, threads=args.threads)
-        print(json.dumps(off["summary"]), f"\n{off['eval_s']:.0f} s -> {args.out / drift_offline.FILE}")
-        return 0
     modes = CUT_MODES if args.cut else tuple(args.modes or MODES)
     if "full" in modes:  # first: the other modes' KL and top-1 agreement are against its logits
         modes = ("full",) + tuple(m for m in modes if m != "full")
