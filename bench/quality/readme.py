@@ -75,9 +75,14 @@ def _stage_lines(log: dict) -> list[str]:
     for i, st in enumerate(stages, 1):
         mix = st.get("mix")
         train_tasks = ", ".join(t for t, w in T.TRAIN_MIX.items() if w > 0)
+        level = st.get("level")
+        cur = T.Curriculum()
+        where = (f"at the evaluation's level (curriculum level {level})" if level == len(cur.levels) - 1 else
+                 f"at curriculum level {level} ({_docs(cur.levels[level])} documents of "
+                 f"{_docs(cur.levels[level], 1)} filler words, shorter than the evaluation's)" if level is not None
+                 else "with the curriculum")
         what = (f"from scratch with the curriculum below ({train_tasks})" if not st.get("init") else
-                f"from stage {i - 1}'s weights (fresh optimiser, warm-up then cosine decay), at the evaluation's "
-                f"level (curriculum level {st.get('level')}), task mix "
+                f"from stage {i - 1}'s weights (fresh optimiser, warm-up then cosine decay), {where}, task mix "
                 + ", ".join(f"{t} {w:g}" for t, w in (mix or {}).items()))
         out += [
             f"Stage {i}: {what}.",
@@ -181,6 +186,9 @@ def _training_lines(log: dict) -> list[str]:
         f"  of the steps so that the evaluation's level is reached by {cur.force_by:.0%}); with update "
         "queries in the mix,",
         "  2-6 keys per prompt are restated in later documents and every `find` answers the last value",
+        *(["- with span queries in the mix, 2-7 document boundaries per prompt carry a fact split over them",
+           "  (the key ends one document, its value opens the next)"]
+          if any((st.get("mix") or {}).get("span", 0) > 0 for st in log.get("stages") or []) else []),
         "- resumable: a checkpoint every 50 steps under `--work`; `--resume` continues exactly (the batch",
         "  of step s is generated from (seed, s))",
         "",
@@ -194,6 +202,24 @@ def _training_lines(log: dict) -> list[str]:
             "",
         ]
     return lines
+
+
+def _span_lines(q: dict) -> list[str]:
+    """The span task's line and what its seam columns show (nothing for results without it)."""
+    if "span" not in q["tasks"]:
+        return []
+    acc, ci = q["accuracy"]["span"], q.get("interval95", {}).get("span", {})
+
+    def at(m):
+        return f"{acc[m]:.1f}%" + (f" [{ci[m][0]:.1f}, {ci[m][1]:.1f}]" if m in ci else "")
+
+    return [
+        "- span: `<q> find KEY <a>` -> the value of a fact split over a document boundary: the key ends one",
+        "  document and the value opens the next (`... KEY` | `<doc> VALUE . ...`), at 4-7 of the 7",
+        "  boundaries; only a model that reads a document's opening in the context of the previous one",
+        f"  pairs them. Here the seam matters: hypic w=0 scores {at('hypic_w0')}, w=2 {at('hypic_w2')}, "
+        f"w=8 {at('hypic_w8')}, full recompute {at('full')} (95% Wilson intervals)",
+    ]
 
 
 def _quality_lines(q: dict, log: dict) -> list[str]:
@@ -219,6 +245,7 @@ def _quality_lines(q: dict, log: dict) -> list[str]:
         "- update: `<q> find KEY <a>` -> the value of KEY's last statement: 1-3 keys of the prompt are",
         "  restated with new values in 1-2 later documents, and one of them is asked (documents are read in",
         "  order; later ones revise earlier ones, as in a log or a versioned record)",
+        *_span_lines(q),
         "",
         f"Acceptance: full recompute on retrieval {_pct(acc['retrieval']['full'])} (target >= 90%); "
         f"hypic w=8 vs full on retrieval {d['retrieval']['hypic_w8']:+.1f} points (target within 1.0); "

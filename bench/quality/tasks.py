@@ -14,6 +14,15 @@ segment `<q> TASK ARG <a>` whose answer is one token:
                                                  different values; the answer is the last one (the
                                                  documents are read in order, later ones revise
                                                  earlier ones, as in a log or a versioned record)
+    <q> find dorap <a>   -> mibo                 span: the fact spans a document boundary: one
+                                                 document ends with the key (`... soba . dorap`),
+                                                 the next begins mid-sentence with its value
+                                                 (`<doc> is then mibo . and ...`); only a model
+                                                 that reads each document's opening in the context
+                                                 of the previous one can pair them (several
+                                                 boundaries of the prompt carry such a fact, so
+                                                 "the value that opens some document" is right
+                                                 only by chance)
 
 Facts are `KEY VALUE .` with single-token keys. Outside the update task a key is stated once per
 prompt; an updated key is restated with a new value in 1-2 later documents (`facts` holds the
@@ -48,7 +57,8 @@ CHAT_TEMPLATE = (
     "{%- if not loop.last %} {% endif -%}"
     "{%- endfor -%}")
 # the update task asks with retrieval's word: "find" always means the key's current (last) value
-TASK_WORDS = {"retrieval": "find", "two_hop": "chain", "aggregation": "count", "update": "find"}
+# (so do span queries: a fact split over two documents is still a fact)
+TASK_WORDS = {"retrieval": "find", "two_hop": "chain", "aggregation": "count", "update": "find", "span": "find"}
 TASKS = tuple(TASK_WORDS)
 PUNCT = ["."]
 DIGITS = [str(i) for i in range(10)]
@@ -111,6 +121,7 @@ class World:
     chains: list[tuple[str, str, str]]  # (k1, k2, value): k1 -> k2 in one doc, k2 -> value in another
     name_counts: dict[str, int]  # name -> number of documents mentioning it (absent names: 0)
     history: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # updated key -> [(doc, value)]
+    spans: dict[str, int] = field(default_factory=dict)  # key -> the document it ends (its value opens the next)
     queries: list[Query] = field(default_factory=list)
 
     @property
@@ -119,11 +130,13 @@ class World:
 
 
 def make_world(rng: random.Random, n_docs: int, filler: tuple[int, int], facts: tuple[int, int] = (2, 4),
-               mentions: tuple[int, int] = (1, 3), chains: bool = True, updates: tuple[int, int] = (0, 0)) -> World:
+               mentions: tuple[int, int] = (1, 3), chains: bool = True, updates: tuple[int, int] = (0, 0),
+               spans: tuple[int, int] = (0, 0)) -> World:
     """`n_docs` documents with `facts` facts, `mentions` name mentions and `filler` filler words each
     (and two-hop chains between documents unless chains=False); `updates` keys (not chain keys)
-    are restated with new values in 1-2 later documents. With updates=(0, 0) no random number is
-    drawn for them, so the prompts of the other tasks are those of the generator without updates."""
+    are restated with new values in 1-2 later documents; `spans` document boundaries carry a fact
+    split over them (add_spans). With updates=(0, 0) and spans=(0, 0) no random number is drawn
+    for them, so the prompts of the other tasks are those of the generator without them."""
     n_facts = [rng.randint(*facts) for _ in range(n_docs)]
     keys = rng.sample(KEYS, sum(n_facts))
     fact_doc: dict[str, int] = {}
@@ -190,14 +203,44 @@ def make_world(rng: random.Random, n_docs: int, filler: tuple[int, int], facts: 
         # keep the items of a fact together; shuffle everything else around them
         rng.shuffle(items)
         docs.append(["<doc>"] + [w for item in items for w in item])
-    return World(docs, facts_map, fact_doc, chain_list, name_counts, history)
+    world = World(docs, facts_map, fact_doc, chain_list, name_counts, history)
+    if spans[1] > 0 and n_docs >= 2:
+        add_spans(rng, world, rng.randint(*spans))
+    return world
+
+
+# What a span fact's second document opens with before the value. The value is then 4 tokens after
+# the key, beyond the reach of the short causal convolution (kernel 4) of the linear layers: hypic
+# composes every linear state exactly, conv included, also without seams, so a key-value pair the
+# convolution can bridge (`KEY | <doc> VALUE`) is recalled from the composed states at w = 0 as well
+# as in full recompute (measured after a 100-step fine-tune on that variant, 40 prompts: w=0 80%,
+# w=8 82.5%, full 82.5%). At this distance no single convolution window holds both, so (by the
+# architecture; not yet shown on a trained model) only attention from the opening tokens to the
+# previous document pairs them: what a seam of w >= 4 recomputes and w = 0 does not.
+SPAN_OPENING = ["is", "then"]
+
+
+def add_spans(rng: random.Random, world: World, n: int) -> None:
+    """Split a new fact over each of `n` random document boundaries: document d ends with the key,
+    document d + 1 opens with SPAN_OPENING, the value and the full stop (`<doc> is then VALUE .`).
+    The keys are ones the world does not use yet, so the span fact is the key's only statement."""
+    boundaries = rng.sample(range(len(world.docs) - 1), min(n, len(world.docs) - 1))
+    free = [k for k in KEYS if k not in world.facts and k not in world.facts.values()]
+    for d, key in zip(sorted(boundaries), rng.sample(free, len(boundaries))):
+        value = rng.choice(VALUES)
+        world.docs[d].append(key)
+        world.docs[d + 1][1:1] = SPAN_OPENING + [value, "."]
+        world.facts[key] = value
+        world.fact_doc[key] = d
+        world.spans[key] = d
 
 
 def make_query(rng: random.Random, world: World, task: str, train: bool = False) -> Query:
     w = TASK_WORDS[task]
     if task == "retrieval":
         heads = {c[0] for c in world.chains}
-        pool = list(world.facts) if train else [k for k in world.facts if k not in heads and k not in world.history]
+        pool = list(world.facts) if train else [k for k in world.facts if k not in heads and k not in world.history
+                                                and k not in world.spans]
         k = rng.choice(pool)
         return Query(task, ["<q>", w, k, "<a>"], [world.facts[k]])
     if task == "update":
@@ -206,6 +249,13 @@ def make_query(rng: random.Random, world: World, task: str, train: bool = False)
                 return make_query(rng, world, "retrieval", train=True)
             raise ValueError("an update query needs a world with restated keys")
         k = rng.choice(sorted(world.history))
+        return Query(task, ["<q>", w, k, "<a>"], [world.facts[k]])
+    if task == "span":
+        if not world.spans:
+            if train:
+                return make_query(rng, world, "retrieval", train=True)
+            raise ValueError("a span query needs a world with facts split over document boundaries")
+        k = rng.choice(sorted(world.spans))
         return Query(task, ["<q>", w, k, "<a>"], [world.facts[k]])
     if task == "two_hop":
         k1, k2, v = rng.choice(world.chains)
@@ -229,13 +279,18 @@ EVAL_SEED = 7_000_003
 EVAL_DOCS = 8
 EVAL_FILLER = (34, 54)  # words per document: 8 documents, ~450 tokens in all
 EVAL_UPDATES = (1, 3)  # keys restated in the update task's prompts (one of them is asked)
+# boundaries (of 7) carrying a split fact in the span task's prompts: with 4-7 of them, a model
+# that answers with the value opening some document (what it sees without the previous one) is
+# right ~1 time in 5
+EVAL_SPANS = (4, 7)
 
 
 def eval_prompt(task: str, index: int, seed: int = EVAL_SEED, n_docs: int = EVAL_DOCS,
                 filler: tuple[int, int] = EVAL_FILLER) -> tuple[World, Query]:
     """Held-out prompt `index` of `task` (its own seed stream, disjoint from training)."""
     rng = random.Random(seed * 1_000_003 + TASKS.index(task) * 100_003 + index)
-    world = make_world(rng, n_docs, filler, updates=EVAL_UPDATES if task == "update" else (0, 0))
+    world = make_world(rng, n_docs, filler, updates=EVAL_UPDATES if task == "update" else (0, 0),
+                       spans=EVAL_SPANS if task == "span" else (0, 0))
     return world, make_query(rng, world, task)
 
 
@@ -289,7 +344,9 @@ def train_sequence(rng: random.Random, n_docs: int, filler: tuple[int, int], n_q
     # Restated keys only when update queries are in the mix (so that earlier mixes' batches stay
     # what they were); retrieval queries may then ask for a restated key too, with its last value.
     upd = (2, 6) if mix.get("update", 0) > 0 else (0, 0)
-    world = make_world(rng, n_docs, filler, mentions=(0, 0) if simple else (1, 3), chains=not simple, updates=upd)
+    spans = (2, 7) if mix.get("span", 0) > 0 else (0, 0)  # likewise split facts only with span queries
+    world = make_world(rng, n_docs, filler, mentions=(0, 0) if simple else (1, 3), chains=not simple, updates=upd,
+                       spans=spans)
     words = [w for d in world.docs for w in d]
     targets = []
     tasks, weights = zip(*mix.items())

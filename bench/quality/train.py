@@ -252,6 +252,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--start-level", type=int, default=0, help="curriculum: the level to start from")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--max-minutes", type=float, default=60.0, help="stop (and export) after this much training time")
+    ap.add_argument("--stop-at", type=int, default=None,
+                    help="stop (and export) after this many steps; the learning-rate schedule still spans --steps "
+                    "(a run stopped early on purpose, reproducibly, unlike --max-minutes)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
     if args.init and not (args.init / "tokenizer.json").exists():  # never write into a stage's checkpoint
@@ -350,7 +353,8 @@ def main(argv=None) -> int:
     bar = tqdm(total=args.steps, initial=state["step"], mininterval=20, file=sys.stdout, dynamic_ncols=False,
                ncols=110)
     ema = None
-    while state["step"] < args.steps and state["wall_s"] < args.max_minutes * 60:
+    last_step = min(args.steps, args.stop_at or args.steps)
+    while state["step"] < last_step and state["wall_s"] < args.max_minutes * 60:
         loss, per_task = train_step(model, opt, args, state, cur, ids, dev, offset)
         ema = loss if ema is None else 0.95 * ema + 0.05 * loss
         bar.set_postfix_str(f"loss {ema:.3f} " + " ".join(f"{t[:4]} {a:.2f}" for t, a in per_task.items() if a is not None)
