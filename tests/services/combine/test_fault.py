@@ -54,9 +54,10 @@ def test_a_combine_composing_without_t_answers_differently(mesh, engine, fresh_s
         assert float((bad.logits - without_t_reference(engine, segs, query)).abs().max()) < TOL
         assert len(bad.tokens) == len(good.tokens) and len(bad.segments) == len(segs)
         gaps.append(float((bad.logits - good.logits).abs().max()))
-    # T matters on this model: the fault moves every answer (past what both matches above allow, so
-    # that no answer could pass for both; how far varies with the seed: 6e-4 to 0.3 were seen).
-    assert min(gaps) > 2 * TOL and max(gaps) > 1e-2, gaps
+    # T matters on this model: the fault moves every answer past what both matches above allow, so
+    # that no answer could pass for both (how far varies with the seed and the prompt: 6e-4 to 0.3
+    # were seen, so no larger floor holds for every seed).
+    assert min(gaps) > 2 * TOL, gaps
     assert executed_line(faulty, "fault-drill-0")["compose_order"] == "segment"
     assert '"fault": "compose-without-t"' in faulty.log() and "FAULT INJECTED" in faulty.log()
     assert faulty.terminate() == 0
