@@ -270,10 +270,10 @@ class CombineServicer(ShadowRPC, combine_grpc.CombineServicer):  # + Shadow (ser
                 break
             ex.ctx.deadline.left()
             t = time.perf_counter()
-            tok, greedy, state = await self.run(self._step, tok, state, pick)
+            tok, greedy, state = await self.run(self._step, tok, state, pick, plan.shadow)
             m.STAGE_SECONDS.labels("decode_token").observe(time.perf_counter() - t)
             yield combine_pb.CombineEvent(token=router_pb.TokenEvent(
-                token_id=tok, index=index, argmax_id=greedy if plan.shadow else 0))
+                token_id=tok, index=index, argmax_id=greedy))
             m.TOKENS.inc()
 
     async def _settle(self, ex: _Execution) -> None:
@@ -444,6 +444,8 @@ class CombineServicer(ShadowRPC, combine_grpc.CombineServicer):  # + Shadow (ser
         return out.logits, out.state, len(segs) - out.extra["reused_segments"]
 
     @torch.inference_mode()
-    def _step(self, tok: int, state, pick: Callable):
+    def _step(self, tok: int, state, pick: Callable, greedy: bool = False):
+        """Engine thread: one decode step; `greedy` (shadowed plans only): also the argmax, which
+        costs a pass over the vocabulary (and a device sync) that other plans need not pay."""
         logits, state = self.engine.decode_step(tok, state)
-        return pick(logits), int(logits.argmax()), state
+        return pick(logits), int(logits.argmax()) if greedy else 0, state
