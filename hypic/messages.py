@@ -137,6 +137,22 @@ class GenerateResult:
 
 
 @dataclass(frozen=True)
+class DriftHistogram:
+    """One figure ("kl" or "agreement") over every shadow served at one seam width, in buckets:
+    counts[i] fell at or under upper_bounds[i] (and over the bound before); counts[-1] over the
+    largest bound."""
+    figure: str
+    seam: int
+    upper_bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+
+    @classmethod
+    def from_proto(cls, h: router_pb.DriftHistogram) -> "DriftHistogram":
+        return cls(h.figure, h.seam, tuple(h.upper_bounds), tuple(h.counts), h.sum)
+
+
+@dataclass(frozen=True)
 class DriftSummary:
     """The router's shadow recompute figures (docs/drift.md): counts since start, and the means
     over the last `window` shadows; guard_*: the drift guard's state."""
@@ -152,10 +168,12 @@ class DriftSummary:
     guard_enabled: bool = False
     guard_seam: int = 0
     guard_full: bool = False
+    histograms: tuple[DriftHistogram, ...] = ()
 
     @classmethod
     def from_proto(cls, d: router_pb.DriftSummary) -> "DriftSummary":
-        return cls(**{f.name: getattr(d, f.name) for f in fields(cls)})
+        kw = {f.name: getattr(d, f.name) for f in fields(cls) if f.name != "histograms"}
+        return cls(**kw, histograms=tuple(DriftHistogram.from_proto(h) for h in d.histograms))
 
 
 @dataclass(frozen=True)

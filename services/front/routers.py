@@ -3,6 +3,7 @@ round-robin, and the next router when one is unreachable before the first token.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import hypic
@@ -65,3 +66,13 @@ class RouterPool:
             except errors.HypicError:
                 continue
         return None
+
+    async def info_each(self, timeout: float = 2.0) -> list[tuple[str, hypic.client.Info | None]]:
+        """Every router's Info, asked at once: (address, Info, or None where it did not answer)."""
+        async def one(client: hypic.AsyncClient) -> hypic.client.Info | None:
+            try:
+                return await client.info(timeout=timeout)
+            except errors.HypicError:
+                return None
+        infos = await asyncio.gather(*(one(c) for c in self.clients))
+        return list(zip(self.addresses, infos))

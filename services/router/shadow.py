@@ -21,6 +21,7 @@ none of which waits: a user's request is never delayed by a shadow.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import random
 import time
@@ -91,6 +92,28 @@ class ShadowOutcome:
     over_threshold: bool
 
 
+class BucketCounts:
+    """One figure's distribution at one seam width in Prometheus's bucket layout, kept by the
+    monitor itself (the registry's histograms are process-wide) for Router.Info: the front
+    re-exports them (services/front/drift_figures.py)."""
+
+    def __init__(self, upper_bounds: tuple[float, ...]):
+        self.upper_bounds = upper_bounds
+        self.counts = [0] * (len(upper_bounds) + 1)  # the last: over the largest bound
+        self.sum = 0.0
+
+    def observe(self, x: float) -> None:
+        self.counts[bisect.bisect_left(self.upper_bounds, x)] += 1
+        self.sum += x
+
+    def to_proto(self, figure: str, seam: int) -> router_pb.DriftHistogram:
+        return router_pb.DriftHistogram(figure=figure, seam=seam, upper_bounds=self.upper_bounds,
+                                        counts=self.counts, sum=self.sum)
+
+
+HISTOGRAM_BOUNDS = {"kl": m.KL_BUCKETS, "agreement": m.AGREEMENT_BUCKETS}
+
+
 class ShadowMonitor:
     """Sampling, the queue, the worker and the records (see the module docstring)."""
 
@@ -105,6 +128,8 @@ class ShadowMonitor:
         self.window: deque[ShadowOutcome] = deque(maxlen=cfg.drift_window)
         self.listeners: list[Callable[[ShadowOutcome, int], None]] = []
         self.sampled = self.shadowed = self.dropped = self.over_threshold = 0
+        # (figure, seam) -> its distribution; seams are the guard's few widths, so this stays small
+        self.histograms: dict[tuple[str, int], BucketCounts] = {}
         self._task: asyncio.Task | None = None
 
     # ---- on the request's path (none of these waits) -------------------------------------------
@@ -215,6 +240,11 @@ class ShadowMonitor:
         m.SHADOW_COMPUTED.labels(*labels).inc()
         m.SHADOW_KL.labels(*labels).observe(out.kl)
         m.SHADOW_AGREEMENT.labels(*labels).observe(out.agreement)
+        for figure, x in (("kl", out.kl), ("agreement", out.agreement)):
+            key = (figure, seam)
+            if key not in self.histograms:
+                self.histograms[key] = BucketCounts(HISTOGRAM_BOUNDS[figure])
+            self.histograms[key].observe(x)
         m.SHADOW_TOP1.labels(*labels, "true" if out.top1_agree else "false").inc()
         log.info("shadow recorded", request_id=request_id, kl=round(out.kl, 6), top1_agree=out.top1_agree,
                  agreement=round(out.agreement, 4), steps=out.steps, seam=seam,
@@ -240,4 +270,5 @@ class ShadowMonitor:
             dropped=self.dropped, over_threshold=self.over_threshold, window=n,
             kl_mean=sum(o.kl for o in self.window) / n if n else 0.0,
             top1_rate=sum(o.top1_agree for o in self.window) / n if n else 0.0,
-            agreement_mean=sum(o.agreement for o in self.window) / n if n else 0.0)
+            agreement_mean=sum(o.agreement for o in self.window) / n if n else 0.0,
+            histograms=[h.to_proto(figure, seam) for (figure, seam), h in sorted(self.histograms.items())])

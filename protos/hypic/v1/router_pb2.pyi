@@ -193,7 +193,7 @@ class InfoResponse(_message.Message):
     def __init__(self, model_type: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., vocab_size: _Optional[int] = ..., seam: _Optional[int] = ..., dtype: _Optional[str] = ..., max_prompt_tokens: _Optional[int] = ..., scatter_addresses: _Optional[_Iterable[str]] = ..., combine_addresses: _Optional[_Iterable[str]] = ..., segcache_address: _Optional[str] = ..., model_path: _Optional[str] = ..., drift: _Optional[_Union[DriftSummary, _Mapping]] = ...) -> None: ...
 
 class DriftSummary(_message.Message):
-    __slots__ = ("sample_rate", "sampled", "shadowed", "dropped", "over_threshold", "window", "kl_mean", "top1_rate", "agreement_mean", "guard_enabled", "guard_seam", "guard_full")
+    __slots__ = ("sample_rate", "sampled", "shadowed", "dropped", "over_threshold", "window", "kl_mean", "top1_rate", "agreement_mean", "guard_enabled", "guard_seam", "guard_full", "histograms")
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     SHADOWED_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,7 @@ class DriftSummary(_message.Message):
     GUARD_ENABLED_FIELD_NUMBER: _ClassVar[int]
     GUARD_SEAM_FIELD_NUMBER: _ClassVar[int]
     GUARD_FULL_FIELD_NUMBER: _ClassVar[int]
+    HISTOGRAMS_FIELD_NUMBER: _ClassVar[int]
     sample_rate: float
     sampled: int
     shadowed: int
@@ -218,4 +219,19 @@ class DriftSummary(_message.Message):
     guard_enabled: bool
     guard_seam: int
     guard_full: bool
-    def __init__(self, sample_rate: _Optional[float] = ..., sampled: _Optional[int] = ..., shadowed: _Optional[int] = ..., dropped: _Optional[int] = ..., over_threshold: _Optional[int] = ..., window: _Optional[int] = ..., kl_mean: _Optional[float] = ..., top1_rate: _Optional[float] = ..., agreement_mean: _Optional[float] = ..., guard_enabled: _Optional[bool] = ..., guard_seam: _Optional[int] = ..., guard_full: _Optional[bool] = ...) -> None: ...
+    histograms: _containers.RepeatedCompositeFieldContainer[DriftHistogram]
+    def __init__(self, sample_rate: _Optional[float] = ..., sampled: _Optional[int] = ..., shadowed: _Optional[int] = ..., dropped: _Optional[int] = ..., over_threshold: _Optional[int] = ..., window: _Optional[int] = ..., kl_mean: _Optional[float] = ..., top1_rate: _Optional[float] = ..., agreement_mean: _Optional[float] = ..., guard_enabled: _Optional[bool] = ..., guard_seam: _Optional[int] = ..., guard_full: _Optional[bool] = ..., histograms: _Optional[_Iterable[_Union[DriftHistogram, _Mapping]]] = ...) -> None: ...
+
+class DriftHistogram(_message.Message):
+    __slots__ = ("figure", "seam", "upper_bounds", "counts", "sum")
+    FIGURE_FIELD_NUMBER: _ClassVar[int]
+    SEAM_FIELD_NUMBER: _ClassVar[int]
+    UPPER_BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    figure: str
+    seam: int
+    upper_bounds: _containers.RepeatedScalarFieldContainer[float]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    sum: float
+    def __init__(self, figure: _Optional[str] = ..., seam: _Optional[int] = ..., upper_bounds: _Optional[_Iterable[float]] = ..., counts: _Optional[_Iterable[int]] = ..., sum: _Optional[float] = ...) -> None: ...

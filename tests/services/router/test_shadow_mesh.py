@@ -106,6 +106,15 @@ def test_every_hypic_request_is_shadowed_and_the_client_never_sees_it(mesh, caps
     assert value(front, "hypic_shadow_rolling_kl_mean") == pytest.approx(d.kl_mean)
     assert value(front, "hypic_shadow_rolling_agreement_mean") == pytest.approx(d.agreement_mean)
     assert value(front, "hypic_shadow_sample_rate") == 1.0
+    front_labels = {"seam": "8"}
+    for figure in ("kl", "agreement"):  # the router's histograms, re-exported by the front
+        assert value(front, f"hypic_front_shadow_{figure}_count", **front_labels) == N
+        router_buckets = {s.labels["le"]: s.value for s in router
+                          if s.name == f"hypic_shadow_{figure}_bucket" and s.labels["seam"] == "8"}
+        front_buckets = {s.labels["le"]: s.value for s in front
+                         if s.name == f"hypic_front_shadow_{figure}_bucket" and s.labels["seam"] == "8"}
+        assert front_buckets and {float(k): v for k, v in front_buckets.items()} == \
+            {float(k): v for k, v in router_buckets.items()}
 
     assert cli_main(["info", "--address", mesh.router_address, "--data-dir", str(mesh.data_dir)]) == 0
     shown = json.loads(capsys.readouterr().out)["drift"]  # hypic info

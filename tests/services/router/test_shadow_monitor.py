@@ -170,3 +170,25 @@ def test_records_summary_threshold_log_and_listeners():
     assert REGISTRY.get_sample_value("hypic_shadow_over_threshold_total", labels) >= 2
     assert REGISTRY.get_sample_value("hypic_shadow_top1_total", {**labels, "agree": "false"}) >= 1
     assert REGISTRY.get_sample_value("hypic_shadow_kl_count", labels) >= 3
+
+
+def test_summary_histograms_bucket_every_shadow_as_prometheus_does():
+    """Router.Info's histograms put each shadow in the bucket Prometheus would (le: at or under
+    the bound), per figure and seam, with the sums; the front adds them up across routers."""
+    mon = monitor()
+    rng = random.Random()
+    kls = [10 ** rng.uniform(-5, 1.5) for _ in range(23)] + [0.01, 1e-4]  # two exactly on a bound
+    agreements = [rng.choice([0.5, 0.8, 0.9, 1.0, rng.random()]) for _ in range(len(kls))]
+    for i, (kl, agreement) in enumerate(zip(kls, agreements)):
+        seam = (8, 32)[i % 2]
+        mon.record(f"h{i}", seam, combine_pb.ShadowResult(kl=kl, agreement=agreement, steps=4))
+    got = {(h.figure, h.seam): h for h in mon.summary().histograms}
+    assert sorted(got) == [("agreement", 8), ("agreement", 32), ("kl", 8), ("kl", 32)]
+    for (figure, seam), h in got.items():
+        xs = [x for i, x in enumerate(kls if figure == "kl" else agreements) if (8, 32)[i % 2] == seam]
+        bounds = list(h.upper_bounds)
+        assert bounds == list(shadow_mod.HISTOGRAM_BOUNDS[figure])
+        want = [sum(1 for x in xs if lo < x <= hi) for lo, hi in zip([-1.0] + bounds, bounds)]
+        want.append(sum(1 for x in xs if x > bounds[-1]))
+        assert list(h.counts) == want and sum(h.counts) == len(xs)
+        assert h.sum == pytest.approx(sum(xs))
