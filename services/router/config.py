@@ -97,6 +97,9 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
     shadow_queue: int = field(default=32, metadata=field_help(
         "shadows waiting for an idle combine; a sampled request finding the queue full is dropped "
         "(and counted)"))
+    shadow_idle_wait_s: float = field(default=2.0, metadata=field_help(
+        "how long a queued shadow waits for a combine this router has no request on before it is "
+        "dropped (no_idle_combine); longer finds idle moments on a busy mesh, and holds the queue longer"))
     drift_kl_max: float = field(default=0.1, metadata=field_help(
         "a shadow whose KL(full || hypic) at the query is above this (nats) is over the threshold: "
         "logged with its request id, and counted by the guard"))
@@ -148,7 +151,7 @@ class RouterConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level, l
                      "shadow_steps", "shadow_queue", "drift_window"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0")
-        for name in ("claim_lease_s", "claim_wait_s"):
+        for name in ("claim_lease_s", "claim_wait_s", "shadow_idle_wait_s"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number >= 0")

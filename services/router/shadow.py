@@ -40,7 +40,6 @@ from services.router import metrics as m
 
 log = structlog.get_logger("router.shadow")
 
-IDLE_WAIT_S = 2.0        # how long a job waits for an idle combine before it is dropped
 IDLE_POLL_S = 0.02
 SHADOW_TIMEOUT_S = 30.0  # one Shadow call
 
@@ -188,8 +187,8 @@ class ShadowMonitor:
                 self._drop(job.seam, "error")
 
     async def _idle_combine(self) -> Any | None:
-        """A combine with no request of this router in flight (waits up to IDLE_WAIT_S)."""
-        deadline = time.monotonic() + IDLE_WAIT_S
+        """A combine with no request of this router in flight (waits up to --shadow-idle-wait-s)."""
+        deadline = time.monotonic() + self.cfg.shadow_idle_wait_s
         while True:
             now = time.monotonic()
             idle = [c for c in self.combines.items if c.in_flight == 0 and c.cooldown_until <= now]

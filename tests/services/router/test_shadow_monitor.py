@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import time
 
 import pytest
 import structlog
@@ -128,16 +129,17 @@ def test_a_sampled_request_that_does_not_complete_is_dropped_once():
     assert mon.queue.qsize() == 1 and mon.dropped == 1 and mon.sampled == 2
 
 
-def test_busy_or_unreachable_combine_drops_and_counts(monkeypatch):
-    monkeypatch.setattr(shadow_mod, "IDLE_WAIT_S", 0.2)
-
+def test_busy_or_unreachable_combine_drops_and_counts():
     async def scenario() -> tuple[float, float]:
         pool = CombinePool([closed_address()], channel_options(1 << 20, min_backoff_ms=None), 1.0)
-        mon = monitor(pool)
+        mon = monitor(pool, shadow_idle_wait_s=0.3)
         try:
             busy, unreachable = dropped("no_idle_combine"), dropped("unavailable")
             pool.items[0].in_flight = 1  # serving one of this router's requests
+            t0 = time.monotonic()
             assert await mon.shadow_one(shadow_mod.ShadowJob("j1", 8, [1, 2], captured())) is None
+            waited = time.monotonic() - t0
+            assert 0.3 <= waited < 1.5, f"waited {waited:.2f} s for an idle combine, not --shadow-idle-wait-s"
             assert dropped("no_idle_combine") - busy == 1
             pool.items[0].in_flight = 0
             assert await mon.shadow_one(shadow_mod.ShadowJob("j2", 8, [1, 2], captured())) is None
