@@ -12,7 +12,8 @@
 Rows (each skips with a reason when a piece is missing, FAILs on a wrong number or an error):
   engine bf16 CUDA vs fp32 CPU logits, one tiny random checkpoint per linear family;
   fla path vs torch path per kernel family (prefill, summary T, decode step), with times;
-  Triton compose vs torch; entry build + reuse prefill on CUDA vs CPU; segcache's device tier;
+  Triton compose vs torch; entry build + reuse prefill on CUDA vs CPU; segcache's device tier, and
+  a hit in it read by another process on the same GPU by CUDA IPC (scripts/gpu_tier.py);
   a NIXL VRAM->VRAM read between two processes (GB/s); the mesh with every service on one GPU
   answering the demo's request; on a mid-size random model of a real shape (scripts/gpu_mid.py):
   TTFT full/prefix/hypic for 8x512 and 32x1024, T build overhead, warm TTFT against its floor.
@@ -32,7 +33,9 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpu_mid import mid_rows  # scripts/ is this file's directory: on sys.path when run as a script
+# scripts/ is this file's directory: on sys.path when run as a script
+from gpu_mid import mid_rows
+from gpu_tier import row_ipc, row_segcache
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # also in the NIXL row's spawned server process
@@ -298,25 +301,6 @@ def row_reuse(tmp: Path):
             f"CPU bf16 rms {base:.1e}; vs full on the GPU {err_full:.1e}; warm reuse {secs * 1e3:.1f} ms")
 
 
-def row_segcache(tmp: Path):
-    import numpy as np
-
-    from services.segcache.config import SegcacheConfig
-    from services.segcache.store import TIER_DEVICE, SegmentStore
-
-    store = SegmentStore(SegcacheConfig(data_dir=tmp / "segcache", device_bytes=512 * MiB, host_bytes=512 * MiB,
-                                        disk_bytes=2048 * MiB, lmdb_sync=False))
-    try:
-        data = np.random.default_rng(3).integers(0, 255, 64 * MiB, dtype=np.uint8)
-        store.put("gpu-check", data)
-        secs, (info, got) = _timed(lambda: store.get("gpu-check"))
-        ok = info.tier == TIER_DEVICE and np.array_equal(got, data)
-        return ("ok" if ok else "FAIL", f"{data.nbytes / secs / 1e9:.1f} GB/s",
-                f"64 MiB put -> tier {info.tier} (device {TIER_DEVICE}); get = device->host copy")
-    finally:
-        store.close()
-
-
 def _nixl_server(conn, nbytes):  # runs in its own process
     import torch
 
@@ -395,6 +379,7 @@ def plan(tmp: Path):
     rows += [
         ("entry build + reuse prefill: CUDA vs CPU", ("cuda",), lambda: row_reuse(tmp)),
         ("segcache device tier", ("cuda",), lambda: row_segcache(tmp)),
+        ("device tier -> reader by CUDA IPC, two processes", ("cuda",), lambda: row_ipc(tmp, DEV)),
         ("NIXL VRAM->VRAM, two processes", ("cuda", "nixl"), row_nixl),
         ("Triton compose (batched, run) vs torch", ("cuda", "triton"), row_compose),
         ("mesh on one GPU: demo request", ("cuda", "model"), lambda: row_mesh(tmp)),

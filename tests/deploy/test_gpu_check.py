@@ -18,9 +18,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_check  # noqa: E402
 import gpu_mid  # noqa: E402
+import gpu_tier  # noqa: E402
 
-# engine per model family, five other checks, four mid-size model rows, fla vs torch per kernel family
-N_ROWS = 3 + 5 + 4 + 6
+# engine per model family, six other checks, four mid-size model rows, fla vs torch per kernel family
+N_ROWS = 3 + 6 + 4 + 6
 TINY_SPEC = "hidden=128,layers=4,ratio=3:1,vocab=512"  # bench.random_model's pattern, at a CPU size
 
 
@@ -144,3 +145,12 @@ def test_the_plan_names_the_mid_size_rows_at_their_gpu_sizes(tmp_path):
             "mid-size T build overhead", "mid-size warm TTFT vs all-hit floor"} <= set(names)
     spec = __import__("bench.random_model", fromlist=["parse_spec"]).parse_spec(gpu_mid.MID_SPEC)
     assert spec["hidden"] == 2048 and spec["ratio"] == "3:1"  # Qwen3-Next's width and pattern
+
+
+@pytest.mark.processes
+def test_device_tier_ipc_row_runs_its_two_processes_on_cpu(tmp_path):
+    """The IPC row's holder (a SegmentStore in a spawned process) and reader, on CPU: the policy
+    must pick the host path (no CUDA on either end) and the bytes must arrive intact."""
+    status, value, detail = gpu_tier.row_ipc(tmp_path, "cpu", nbytes=1 << 20)
+    assert status == "ok", detail
+    assert value.startswith("host ") and "path host (expected host)" in detail and "tried: none" in detail
