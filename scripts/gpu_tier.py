@@ -64,7 +64,11 @@ def _ipc_holder(conn, data_dir: str, nbytes: int, device_index: int) -> None:  #
     from common.mesh.transfer_path import Capabilities
     from services.segcache.device_reads import DeviceReads
 
-    store = _store(Path(data_dir), nbytes, device_index)
+    try:
+        store = _store(Path(data_dir), nbytes, device_index)
+    except Exception as e:  # the reader says what failed instead of waiting for nothing
+        conn.send(dict(error=f"{type(e).__name__}: {e}"))
+        return
     try:
         store.put(KEY, _pattern(nbytes))
         reader = conn.recv()  # the reader's Place
@@ -75,6 +79,8 @@ def _ipc_holder(conn, data_dir: str, nbytes: int, device_index: int) -> None:  #
                        ipc=None if served.ipc is None else dataclasses.asdict(served.ipc), host=host))
         conn.recv()  # the reader is done with the mapping
         reads.release(served)
+    except Exception as e:
+        conn.send(dict(error=f"{type(e).__name__}: {e}"))
     finally:
         store.close()
 
@@ -100,6 +106,8 @@ def row_ipc(tmp: Path, device: str, nbytes: int = 64 * MiB):
         if not parent.poll(180):
             return "FAIL", "", "the holder process sent nothing in 180 s"
         got = parent.recv()
+        if "error" in got:
+            return "FAIL", "", f"the holder process: {got['error']}"
         t0 = time.perf_counter()
         if got["ipc"] is not None:
             out = open_ipc(IpcHandle(**got["ipc"]), device)  # maps, copies device to device, syncs
@@ -112,7 +120,10 @@ def row_ipc(tmp: Path, device: str, nbytes: int = 64 * MiB):
                 f"{nbytes / MiB:.0f} MiB in tier {got['tier']}, holder {got['holder']}, reader {local_place(device)}; "
                 f"path {got['path']} (expected {expected}); faster paths tried: {got['tried'] or 'none'}")
     finally:
-        parent.send("done")
+        try:
+            parent.send("done")
+        except OSError:  # the holder is gone already
+            pass
         proc.join(60)
         if proc.is_alive():
             proc.kill()
