@@ -12,9 +12,11 @@
 Rows (each skips with a reason when a piece is missing, FAILs on a wrong number or an error):
   engine bf16 CUDA vs fp32 CPU logits, one tiny random checkpoint per linear family;
   fla path vs torch path per kernel family (prefill, summary T, decode step), with times;
-  Triton compose vs torch; entry build + reuse prefill on CUDA vs CPU; segcache's device tier;
+  Triton compose vs torch; entry build + reuse prefill on CUDA vs CPU; segcache's device tier, and
+  a hit in it read by another process on the same GPU by CUDA IPC (scripts/gpu_tier.py);
   a NIXL VRAM->VRAM read between two processes (GB/s); the mesh with every service on one GPU
-  answering the demo's request; bench/reuse's mid-size random model (TTFT full/prefix/hypic).
+  answering the demo's request; on a mid-size random model of a real shape (scripts/gpu_mid.py):
+  TTFT full/prefix/hypic for 8x512 and 32x1024, T build overhead, warm TTFT against its floor.
 The whole run keeps within 8 minutes on one H200-class GPU: rows that would start after the
 budget is spent are skipped, saying so. --json writes the rows for the docs.
 """
@@ -30,6 +32,10 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+# scripts/ is this file's directory: on sys.path when run as a script
+from gpu_mid import mid_rows
+from gpu_tier import row_ipc, row_segcache
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # also in the NIXL row's spawned server process
@@ -295,25 +301,6 @@ def row_reuse(tmp: Path):
             f"CPU bf16 rms {base:.1e}; vs full on the GPU {err_full:.1e}; warm reuse {secs * 1e3:.1f} ms")
 
 
-def row_segcache(tmp: Path):
-    import numpy as np
-
-    from services.segcache.config import SegcacheConfig
-    from services.segcache.store import TIER_DEVICE, SegmentStore
-
-    store = SegmentStore(SegcacheConfig(data_dir=tmp / "segcache", device_bytes=512 * MiB, host_bytes=512 * MiB,
-                                        disk_bytes=2048 * MiB, lmdb_sync=False))
-    try:
-        data = np.random.default_rng(3).integers(0, 255, 64 * MiB, dtype=np.uint8)
-        store.put("gpu-check", data)
-        secs, (info, got) = _timed(lambda: store.get("gpu-check"))
-        ok = info.tier == TIER_DEVICE and np.array_equal(got, data)
-        return ("ok" if ok else "FAIL", f"{data.nbytes / secs / 1e9:.1f} GB/s",
-                f"64 MiB put -> tier {info.tier} (device {TIER_DEVICE}); get = device->host copy")
-    finally:
-        store.close()
-
-
 def _nixl_server(conn, nbytes):  # runs in its own process
     import torch
 
@@ -382,32 +369,6 @@ def row_mesh(tmp: Path):
             f"answers {answers}; full recompute {full.text.strip()!r} ({'same' if same else 'differs'})")
 
 
-def row_bench_reuse(tmp: Path):
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from bench.reuse import CONFIG
-    from common.engine.hybrid_engine import HybridEngine
-
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3_5_text", **CONFIG)).save_pretrained(tmp / "mid")
-    eng = HybridEngine.from_pretrained(tmp / "mid", dtype=torch.bfloat16, device=DEV)
-    gen = torch.Generator().manual_seed(4)
-    n = 16
-    docs = [torch.randint(0, CONFIG["vocab_size"], (512,), generator=gen).tolist() for _ in range(n)]
-    query = torch.randint(0, CONFIG["vocab_size"], (16,), generator=gen).tolist()
-    entries = eng.prefill_segments(docs, query, mode="hypic").extra["entries"]
-    eng.prefix_cache.clear()
-    eng.prefill_segments(docs[1:] + docs[:1], query, mode="prefix")  # an earlier request, another order
-    t_full, _ = _timed(lambda: eng.prefill_segments(docs, query, mode="full"), repeats=2)
-    # once, cold: a second call would find this very order in the prefix cache
-    t_pre, pre = _timed(lambda: eng.prefill_segments(docs, query, mode="prefix"), repeats=1, warmup=False)
-    t_hyp, _ = _timed(lambda: eng.prefill_segments(docs, query, entries=entries, mode="hypic"), repeats=2)
-    return ("ok", f"full {t_full * 1e3:.0f} / prefix {t_pre * 1e3:.0f} / hypic {t_hyp * 1e3:.0f} ms",
-            f"{n} x 512 tokens + 16, bf16, bench.reuse's model, prefix reused "
-            f"{pre.extra.get('reused_segments')} segments; x{t_full / t_hyp:.1f} vs full")
-
-
 FAMILIES = ("retnet", "mamba2", "gla", "deltanet", "gated_deltanet", "kda")
 
 
@@ -418,11 +379,12 @@ def plan(tmp: Path):
     rows += [
         ("entry build + reuse prefill: CUDA vs CPU", ("cuda",), lambda: row_reuse(tmp)),
         ("segcache device tier", ("cuda",), lambda: row_segcache(tmp)),
+        ("device tier -> reader by CUDA IPC, two processes", ("cuda",), lambda: row_ipc(tmp, DEV)),
         ("NIXL VRAM->VRAM, two processes", ("cuda", "nixl"), row_nixl),
         ("Triton compose (batched, run) vs torch", ("cuda", "triton"), row_compose),
         ("mesh on one GPU: demo request", ("cuda", "model"), lambda: row_mesh(tmp)),
-        ("bench/reuse mid-size model TTFT", ("cuda",), lambda: row_bench_reuse(tmp)),
     ]
+    rows += mid_rows(tmp, DEV)  # the mid-size random model (scripts/gpu_mid.py)
     # last: every family JIT-compiles fla's kernels at these shapes (the budget may end here)
     rows += [(f"fla path vs torch path: {f}", ("cuda", "fla"), lambda f=f: row_fla(f)) for f in FAMILIES]
     return rows

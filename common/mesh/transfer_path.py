@@ -20,13 +20,24 @@ deployments here do not give. "host" is always last, so every list ends in a pat
 without a GPU; `read_first` falls back along the list when a faster path fails at run time
 (an IPC handle that will not open, a NIXL backend without VRAM).
 
-What is verified where: the choice and the fallback are plain Python, tested on CPU
-(tests/mesh/test_transfer_path.py). The "ipc" and "vram" readers themselves need two CUDA
-processes (scripts/gpu_check.py's NIXL row); they are not wired into segcache and combine yet.
+Both ends of the "ipc" path are here: `export_ipc` (the holder: segcache's device tier, through
+services/segcache/device_reads.py) turns a CUDA tensor into an `IpcHandle` of plain fields (so it
+can travel in a message without pickle), `open_ipc` (the reader) maps it and copies the bytes into
+its own device memory. `local_place` says where a process and its device are.
+
+What is verified where: the choice, the fallback and the refusals of `export_ipc` / `open_ipc`
+off CUDA are plain Python, tested on CPU (tests/mesh/test_transfer_path.py,
+tests/services/segcache/test_device_reads.py). The IPC copy itself needs two CUDA processes:
+scripts/gpu_check.py's "segcache device tier -> reader by CUDA IPC" row, not yet run on a GPU. The
+"vram" reader (NIXL with VRAM on both ends) is not written: nixl's CUDA wheel does not travel to
+the GPU machines (docs/gpu.md), so it could not be checked. Not wired yet: the gRPC messages that
+carry a reader's Place and an IpcHandle between combine and segcache (docs/gpu.md).
 """
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 PATHS = ("ipc", "vram", "host")  # fastest first
@@ -81,3 +92,100 @@ def read_first(paths: Sequence[str], readers: Mapping[str, Callable[[], Any]]) -
         except Exception as e:  # any failure of a faster path: the next one, down to host
             tried.append(f"{path}: {type(e).__name__}: {e}")
     raise NoPath("; ".join(tried) or "no path")
+
+
+# ---- where a process is ---------------------------------------------------------------------
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def box_id() -> str:
+    """This machine, as every process on it (containers included: one kernel) names it: the
+    kernel's boot id; the host name where there is none."""
+    try:
+        return BOOT_ID.read_text().strip() or socket.gethostname()
+    except OSError:
+        return socket.gethostname()
+
+
+def gpu_uuid(device: Any) -> str | None:
+    """The UUID of a CUDA device (stable across processes, whatever CUDA_VISIBLE_DEVICES renumbers);
+    None for any other device."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def local_place(device: Any) -> Place:
+    """Where a buffer on `device` in this process lives."""
+    return Place(box_id(), gpu_uuid(device))
+
+
+# ---- the "ipc" path: CUDA IPC between two processes on one GPU -------------------------------
+@dataclass(frozen=True)
+class IpcHandle:
+    """torch's CUDA IPC export of one contiguous uint8 buffer, as plain fields (the arguments of
+    torch.multiprocessing.reductions.rebuild_cuda_tensor that are not types)."""
+
+    device: int  # the holder's index of its GPU (the reader maps on its own index of that GPU)
+    handle: bytes  # cudaIpcMemHandle of the allocation that holds the storage
+    storage_size_bytes: int
+    storage_offset_bytes: int  # the storage's offset in that allocation
+    ref_counter_handle: bytes  # torch's shared counter: the holder frees the block once readers let go
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    tensor_offset: int  # the buffer's offset in the storage (uint8: bytes)
+    nbytes: int
+
+
+def export_ipc(buf: Any) -> IpcHandle:
+    """The IPC handle of a contiguous CUDA tensor (viewed as bytes). The holder keeps `buf` alive
+    until the reader is done (segcache: a device lease). ValueError for anything else."""
+    import inspect
+
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+    if not isinstance(buf, torch.Tensor) or buf.device.type != "cuda":
+        raise ValueError(f"CUDA IPC needs a CUDA tensor, got {getattr(buf, 'device', type(buf).__name__)}")
+    if not buf.is_contiguous():
+        raise ValueError("CUDA IPC export of a non-contiguous tensor")
+    flat = buf.reshape(-1).view(torch.uint8)
+    fn, args = reduce_tensor(flat)
+    if fn is not rebuild_cuda_tensor:
+        raise ValueError(f"torch exported a CUDA tensor with {fn.__name__}, not rebuild_cuda_tensor")
+    a = dict(zip(inspect.signature(rebuild_cuda_tensor).parameters, args))
+    return IpcHandle(device=int(a["storage_device"]), handle=bytes(a["storage_handle"]),
+                     storage_size_bytes=int(a["storage_size_bytes"]), storage_offset_bytes=int(a["storage_offset_bytes"]),
+                     ref_counter_handle=bytes(a["ref_counter_handle"]), ref_counter_offset=int(a["ref_counter_offset"]),
+                     event_handle=bytes(a["event_handle"]), event_sync_required=bool(a["event_sync_required"]),
+                     tensor_offset=int(a["tensor_offset"]), nbytes=flat.numel())
+
+
+def open_ipc(h: IpcHandle, device: Any) -> Any:
+    """The reader's side: map the holder's buffer (in another process: CUDA refuses to open a
+    handle in the process that exported it) and copy it into a new uint8 tensor on `device`, which
+    must be the holder's GPU. The mapping is dropped before this returns."""
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"CUDA IPC needs a CUDA reader, got {device}")
+    torch.cuda._lazy_init()
+    # the reader's own index of the GPU: CUDA_VISIBLE_DEVICES may number it apart from the holder's
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(index):
+        mapped = rebuild_cuda_tensor(torch.Tensor, torch.Size([h.nbytes]), (1,), h.tensor_offset,
+                                     torch.storage.TypedStorage, torch.uint8, index, h.handle,
+                                     h.storage_size_bytes, h.storage_offset_bytes, False, h.ref_counter_handle,
+                                     h.ref_counter_offset, h.event_handle, h.event_sync_required)
+        out = torch.empty(h.nbytes, dtype=torch.uint8, device=device)
+        out.copy_(mapped)
+        torch.cuda.current_stream().synchronize()  # the copy is done before the mapping goes
+    del mapped
+    return out

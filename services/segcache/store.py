@@ -33,6 +33,7 @@ import numpy as np
 import structlog
 
 from services.segcache.config import SegcacheConfig
+from services.segcache.device_reads import DeviceLeases
 from services.segcache.leases import HostLeases
 from services.segcache.lmdb_file import LmdbFile, WriteBehind
 from services.segcache.policy import make_policy
@@ -46,7 +47,7 @@ log = structlog.get_logger("segcache.store")
 
 
 # ---- the store ----------------------------------------------------------------------------
-class SegmentStore(HostLeases):
+class SegmentStore(HostLeases, DeviceLeases):
     def __init__(self, cfg: SegcacheConfig):
         self.cfg = cfg
         self._lock = threading.RLock()
@@ -62,21 +63,8 @@ class SegmentStore(HostLeases):
         self._closed = False
 
         self._torch: Any = None
-        self._cuda: Any = None
-        device_on = False
-        if cfg.device_bytes > 0:
-            try:
-                import torch
-
-                if torch.cuda.is_available():
-                    self._torch = torch
-                    self._cuda = torch.device("cuda", cfg.device_index)
-                    device_on = True
-                else:
-                    log.info("device tier off: CUDA not available")
-            except Exception as e:  # pragma: no cover - torch always importable here
-                log.warning("device tier off", error=str(e))
-        self.device = TierState(TIER_DEVICE, cfg.device_bytes, device_on, make_policy(cfg.policy))
+        self._cuda: Any = self._device_tier_device(cfg) if cfg.device_bytes > 0 else None  # None: tier 0 off
+        self.device = TierState(TIER_DEVICE, cfg.device_bytes, self._cuda is not None, make_policy(cfg.policy))
         self.host = TierState(TIER_HOST, cfg.host_bytes, cfg.host_bytes > 0, make_policy(cfg.policy))
         self.disk = TierState(TIER_DISK, cfg.disk_bytes, True, make_policy(cfg.policy))
         self.tiers = (self.device, self.host, self.disk)
@@ -86,6 +74,20 @@ class SegmentStore(HostLeases):
         self._writer = None if cfg.write_through else WriteBehind(self._write_behind)
 
     # ---- start-up -------------------------------------------------------------------------
+    def _device_tier_device(self, cfg: SegcacheConfig) -> Any:
+        """The torch device of tier 0, or None (tier off) without CUDA. Its own method so that a
+        test can stand a CPU device in for the GPU (tests/services/segcache/test_device_reads.py)."""
+        try:
+            import torch
+
+            self._torch = torch
+            if torch.cuda.is_available():
+                return torch.device("cuda", cfg.device_index)
+            log.info("device tier off: CUDA not available")
+        except Exception as e:  # pragma: no cover - torch always importable here
+            log.warning("device tier off", error=str(e))
+        return None
+
     def _load_index(self, entries: list[Entry], bad: int) -> None:
         for e in entries:
             self._entries[e.key] = e

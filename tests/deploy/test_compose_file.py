@@ -279,12 +279,39 @@ def test_volumes_gpus_and_image(compose, configs) -> None:
             assert svc.get("entrypoint") == ["claim-gpu"], f"{n}: claims no GPU"
             mounts = {v["target"]: v["source"] for v in svc["volumes"] if isinstance(v, dict)}
             assert mounts.get("/run/hypic-gpus") == "gpu-locks", f"{n}: no shared GPU locks"
+        elif kind == "segcache":  # its device tier: one fixed GPU, shared (test_segcache_device_tier_...)
+            assert [d.get("device_ids") for d in devs] == [["0"]] and "entrypoint" not in svc, n
         else:
             assert devs == [] and "entrypoint" not in svc, f"{n} needs no GPU"
     text = DOCKERFILE.read_text()
     assert "nvidia/cuda" in text and "ARG HYPIC_EXTRAS=gpu" in text
     assert "claim-gpu" in text
     assert "requirements/base.txt" in text
+
+
+def test_segcache_device_tier_on_the_gpu_a_combine_claims_first(compose, configs) -> None:
+    """Tier 0 is on (--device-bytes), on the one GPU segcache reserves, within a budget that leaves
+    that GPU room for the combine's model; the combine starts before any scatter, so its claim
+    (claim-gpu: the lowest free GPU) is GPU 0, where a hit can reach it without a host round trip."""
+    (name,) = [n for n, (k, _) in configs.items() if k == "segcache"]
+    cfg = configs[name][1]
+    svc = compose["services"][name]
+    (dev,) = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert dev["device_ids"] == ["0"] and "gpu" in dev["capabilities"] and "count" not in dev
+    assert cfg.device_index == 0  # the only GPU the container sees
+    assert 1 << 30 <= cfg.device_bytes <= 32 << 30, "tier 0 must leave an 80 GB GPU room for a model"
+    for n, (kind, _) in configs.items():
+        if kind == "scatter":
+            deps = compose["services"][n]["depends_on"]
+            combines = [c for c, (k, _) in configs.items() if k == "combine"]
+            assert combines and all(deps.get(c, {}).get("condition") == "service_started" for c in combines), n
+    assert "HYPIC_SEGCACHE_DEVICE_BYTES" in (ROOT / "docs" / "deploy.md").read_text()
+
+
+def test_cpu_override_turns_the_device_tier_off(cpu) -> None:
+    (seg,) = [cfg for kind, cfg in load_configs(cpu).values() if kind == "segcache"]
+    assert seg.device_bytes == 0
+    assert "deploy" not in cpu["services"]["segcache"] or not cpu["services"]["segcache"]["deploy"]
 
 
 def test_mutual_tls_and_keys_come_from_declared_secrets(compose, configs) -> None:

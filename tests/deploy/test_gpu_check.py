@@ -17,8 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_check  # noqa: E402
+import gpu_mid  # noqa: E402
+import gpu_tier  # noqa: E402
 
-N_ROWS = 3 + 6 + 6  # engine per model family, six other checks, fla vs torch per kernel family
+# engine per model family, six other checks, four mid-size model rows, fla vs torch per kernel family
+N_ROWS = 3 + 6 + 4 + 6
+TINY_SPEC = "hidden=128,layers=4,ratio=3:1,vocab=512"  # bench.random_model's pattern, at a CPU size
 
 
 @pytest.mark.processes
@@ -117,3 +121,36 @@ def test_wheels_install_offline_into_a_target_and_import_from_it(tmp_path):
     assert (unpacked / "hypic_probe_pkg" / "__init__.py").read_text() == "ANSWER = 42\n"
     with pytest.raises(FileNotFoundError, match="make gpu-wheels"):
         gpu_check.install_wheels(tmp_path / "none", site, reqs)
+
+
+def test_mid_size_rows_run_on_cpu_at_a_tiny_size(tmp_path):
+    """The mid-size rows' own code, at a tiny size in fp32 on CPU: what a GPU session runs in one try."""
+    rows = gpu_mid.mid_rows(tmp_path, "cpu", "float32", spec=TINY_SPEC, ttft_sizes=((3, 48), (2, 64)),
+                            overhead_tokens=64, floor_size=(3, 48))
+    names = [name for name, _, _ in rows]
+    assert names == ["mid-size TTFT 3x48: full/prefix/hypic", "mid-size TTFT 2x64: full/prefix/hypic",
+                     "mid-size T build overhead", "mid-size warm TTFT vs all-hit floor"]
+    assert all(needs == ("cuda",) for _, needs, _ in rows)
+    results = [fn() for _, _, fn in rows]
+    assert [r[0] for r in results] == ["ok"] * 4, results
+    assert "full" in results[0][1] and "prefix reused 0 segments" in results[0][2]
+    assert results[2][1].startswith("+") and "64-token segment" in results[2][2]
+    assert "x floor" in results[3][1] and "MiB of entries" in results[3][2]
+
+
+def test_the_plan_names_the_mid_size_rows_at_their_gpu_sizes(tmp_path):
+    names = [name for name, _, _ in gpu_check.plan(tmp_path)]
+    assert len(names) == N_ROWS
+    assert {"mid-size TTFT 8x512: full/prefix/hypic", "mid-size TTFT 32x1024: full/prefix/hypic",
+            "mid-size T build overhead", "mid-size warm TTFT vs all-hit floor"} <= set(names)
+    spec = __import__("bench.random_model", fromlist=["parse_spec"]).parse_spec(gpu_mid.MID_SPEC)
+    assert spec["hidden"] == 2048 and spec["ratio"] == "3:1"  # Qwen3-Next's width and pattern
+
+
+@pytest.mark.processes
+def test_device_tier_ipc_row_runs_its_two_processes_on_cpu(tmp_path):
+    """The IPC row's holder (a SegmentStore in a spawned process) and reader, on CPU: the policy
+    must pick the host path (no CUDA on either end) and the bytes must arrive intact."""
+    status, value, detail = gpu_tier.row_ipc(tmp_path, "cpu", nbytes=1 << 20)
+    assert status == "ok", detail
+    assert value.startswith("host ") and "path host (expected host)" in detail and "tried: none" in detail
