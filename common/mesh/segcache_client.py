@@ -4,6 +4,7 @@
         await sc.put(key, data, recompute_cost_s=0.8, token_count=512)
         infos = await sc.lookup([key, other])          # EntryInfo per key (tier TIER_MISS = 0)
         data = await sc.get(key)                        # bytearray, or None on a miss
+        got = await sc.get_at_place(key, reader_place)  # .data, or .device: an IPC lease (same GPU)
         arr = await sc.get_via_nixl(key, out=buffer)    # numpy uint8, or None on a miss
 
 Every call takes an optional request_id (sent as x-request-id) and a timeout. Reads verify the
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import grpc
@@ -35,6 +37,16 @@ DEFAULT_CHUNK = 1 << 20
 
 class ChecksumError(RuntimeError):
     """Bytes received from segcache do not match the entry's checksum."""
+
+
+@dataclass
+class PlacedRead:
+    """A Get's answer: the bytes (`data`, the host path), or a device lease (`device`, the "ipc"
+    path: segcache.proto's DeviceLease, with the IpcHandle of the entry's device buffer)."""
+
+    info: segcache_pb.EntryInfo
+    data: bytearray | None = None
+    device: segcache_pb.DeviceLease | None = None
 
 
 class SegcacheClient:
@@ -127,8 +139,31 @@ class SegcacheClient:
     async def get_with_info(self, key: str, *, chunk_bytes: int = 0, verify: bool = True,
                             request_id: str | None = None, timeout: float | None = None
                             ) -> tuple[segcache_pb.EntryInfo, bytearray] | None:
-        call = self.stub.Get(segcache_pb.GetRequest(key=key, chunk_bytes=chunk_bytes),
-                             timeout=self._t(timeout), metadata=self._md(request_id))
+        got = await self._read(segcache_pb.GetRequest(key=key, chunk_bytes=chunk_bytes), verify, request_id, timeout)
+        return None if got is None else (got.info, got.data)
+
+    async def get_at_place(self, key: str, reader: segcache_pb.ReaderPlace, *, chunk_bytes: int = 0,
+                           verify: bool = True, request_id: str | None = None,
+                           timeout: float | None = None) -> "PlacedRead | None":
+        """A Get that says where the reader is (ReaderPlace, common.mesh.transfer_path.reader_place_pb):
+        segcache answers a reader on its own GPU with a device lease (`.device`: an IPC handle of
+        the entry's device buffer; call release_device(lease_id) once the bytes are copied), any
+        other reader with the bytes (`.data`), as get(). None on a miss. `verify` checks the bytes
+        of a host answer; a device answer's bytes are the reader's to check."""
+        req = segcache_pb.GetRequest(key=key, chunk_bytes=chunk_bytes, reader=reader)
+        return await self._read(req, verify, request_id, timeout)
+
+    async def release_device(self, lease_id: str, *, request_id: str | None = None,
+                             timeout: float | None = None) -> bool:
+        """End a device lease (False: unknown or expired already)."""
+        resp = await self.stub.ReleaseDeviceLease(segcache_pb.ReleaseDeviceLeaseRequest(lease_id=lease_id),
+                                                  timeout=self._t(timeout), metadata=self._md(request_id))
+        return resp.released
+
+    async def _read(self, req: segcache_pb.GetRequest, verify: bool, request_id: str | None,
+                    timeout: float | None) -> "PlacedRead | None":
+        key = req.key
+        call = self.stub.Get(req, timeout=self._t(timeout), metadata=self._md(request_id))
         info = None
         buf = bytearray()
         n = 0
@@ -136,6 +171,8 @@ class SegcacheClient:
             async for msg in call:
                 if info is None:
                     info = msg.entry
+                    if msg.HasField("device"):  # the "ipc" answer: one message, no bytes
+                        return PlacedRead(info, device=msg.device)
                     buf = bytearray(info.size)
                 d = msg.data
                 if n + len(d) > len(buf):
@@ -150,7 +187,7 @@ class SegcacheClient:
             raise ChecksumError(f"{key}: short read ({n} bytes)")
         if verify and checksum(buf) != info.checksum:
             raise ChecksumError(f"{key}: checksum mismatch on the gRPC path")
-        return info, buf
+        return PlacedRead(info, data=buf)
 
     async def get(self, key: str, **kw: Any) -> bytearray | None:
         """The entry's bytes over the gRPC stream, or None when it is not cached."""

@@ -30,8 +30,9 @@ off CUDA are plain Python, tested on CPU (tests/mesh/test_transfer_path.py,
 tests/services/segcache/test_device_reads.py). The IPC copy itself needs two CUDA processes:
 scripts/gpu_check.py's "segcache device tier -> reader by CUDA IPC" row, not yet run on a GPU. The
 "vram" reader (NIXL with VRAM on both ends) is not written: nixl's CUDA wheel does not travel to
-the GPU machines (docs/gpu.md), so it could not be checked. Not wired yet: the gRPC messages that
-carry a reader's Place and an IpcHandle between combine and segcache (docs/gpu.md).
+the GPU machines (docs/gpu.md), so it could not be checked. On the wire (segcache.proto): a Get
+carries the reader's `ReaderPlace` (`reader_place_pb`), an "ipc" answer an `IpcHandle` message
+(`ipc_to_pb` / `ipc_from_pb`) in a device lease the reader releases (services/segcache/device_reads.py).
 """
 from __future__ import annotations
 
@@ -189,3 +190,37 @@ def open_ipc(h: IpcHandle, device: Any) -> Any:
         torch.cuda.current_stream().synchronize()  # the copy is done before the mapping goes
     del mapped
     return out
+
+
+# ---- on the wire: segcache.proto's ReaderPlace and IpcHandle ---------------------------------
+IPC_FIELDS = tuple(IpcHandle.__dataclass_fields__)
+
+
+def reader_place_pb(device: Any, *, requires_sealed: bool) -> Any:
+    """The ReaderPlace a process whose tensors live on `device` sends with a Get (segcache.proto):
+    its box, its GPU and whether it can open CUDA IPC handles (a CUDA device: yes)."""
+    import torch
+
+    from protos.hypic.v1 import segcache_pb2 as segcache_pb
+
+    device = torch.device(device)
+    place = local_place(device)
+    cuda = device.type == "cuda"
+    index = (device.index if device.index is not None else torch.cuda.current_device()) if cuda else 0
+    return segcache_pb.ReaderPlace(box_id=place.box, gpu_uuid=place.gpu or "", device_index=index,
+                                   cuda_ipc=cuda, requires_sealed=requires_sealed)
+
+
+def place_of(reader: Any) -> Place:
+    """The Place of a ReaderPlace message."""
+    return Place(reader.box_id, reader.gpu_uuid or None)
+
+
+def ipc_to_pb(h: IpcHandle) -> Any:
+    from protos.hypic.v1 import segcache_pb2 as segcache_pb
+
+    return segcache_pb.IpcHandle(**{f: getattr(h, f) for f in IPC_FIELDS})
+
+
+def ipc_from_pb(msg: Any) -> IpcHandle:
+    return IpcHandle(**{f: getattr(msg, f) for f in IPC_FIELDS})

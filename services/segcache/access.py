@@ -9,7 +9,7 @@ from common.mesh.auth import WriterRoleInterceptor, read_secret
 SERVICE = "hypic.v1.Segcache"
 # Claim is the router's (a reader): it writes no entry, only a lease that expires by itself.
 READ_METHODS = frozenset({"Lookup", "Get", "Stats", "NixlInfo", "OpenNixlLease", "ReleaseNixlLease",
-                          "Claim"})
+                          "ReleaseDeviceLease", "Claim"})
 
 
 def writer_role_interceptor(cfg: Any) -> WriterRoleInterceptor:

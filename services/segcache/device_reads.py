@@ -19,16 +19,32 @@ once, and its tensor lives on in the lease until release.
 
 "vram" (NIXL with VRAM on both ends) has no reader here: nixl's CUDA wheel does not travel to
 the GPU machines (docs/gpu.md), so it could not be checked; the policy skips it, saying so.
-Not wired yet: the messages that carry the reader's Place and the IpcHandle (docs/gpu.md).
+
+On the wire (segcache.proto): a Get that carries a ReaderPlace goes through `serve_get`; an
+"ipc" answer is a DeviceLease (its id, the IpcHandle, its TTL) held in `DeviceLeaseTable` until
+ReleaseDeviceLease or its TTL, like the NIXL leases (nixl_agent.LeaseManager). Reads are counted
+here by the path they took: hypic_segcache_reads_total{path="ipc"|"host"} (every Get; kept out of
+metrics.py, which reads the store's own bookkeeping at scrape time).
 """
 from __future__ import annotations
 
+import threading
+import time
+import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from common.mesh.transfer_path import Capabilities, IpcHandle, Place, box_id, export_ipc, gpu_uuid, read_first, \
-    transfer_paths
+import structlog
+from prometheus_client import Counter
+
+from common.mesh.transfer_path import Capabilities, IpcHandle, Place, box_id, export_ipc, gpu_uuid, place_of, \
+    read_first, transfer_paths
 from services.segcache.records import TIER_DEVICE, Entry, EntryInfo, HostLease
+
+log = structlog.get_logger("segcache.device_reads")
+
+# path: "ipc" (a CUDA IPC handle of tier 0's buffer) or "host" (the bytes: the gRPC stream)
+READS = Counter("hypic_segcache_reads", "Get answers by the path the entry took to its reader", ["path"])
 
 
 @dataclass
@@ -85,9 +101,12 @@ class ServedRead:
 class DeviceReads:
     """The holder's side of transfer_path for one SegmentStore."""
 
-    def __init__(self, store: Any, *, box: str | None = None, gpu: str | None = None):
-        """gpu: the identity of the store's GPU (default: its CUDA UUID; None without tier 0)."""
+    def __init__(self, store: Any, *, box: str | None = None, gpu: str | None = None,
+                 export: Callable[[Any], IpcHandle] = export_ipc):
+        """gpu: the identity of the store's GPU (default: its CUDA UUID; None without tier 0).
+        export: the IPC export (tests on CPU, where CUDA's cannot run, hand in a stand-in)."""
         self.store = store
+        self.export = export
         self.box = box or box_id()
         dev = store._cuda if store.device.enabled else None
         self.gpu = gpu if gpu is not None else (gpu_uuid(dev) if dev is not None else None)
@@ -110,7 +129,7 @@ class DeviceReads:
         if lease is None:
             raise LookupError("no longer in the device tier")
         try:
-            handle = export_ipc(lease.tensor)
+            handle = self.export(lease.tensor)
         except Exception:
             self.store.release_device(lease)
             raise
@@ -129,3 +148,73 @@ class DeviceReads:
         if served.host is not None:
             self.store.release_host(served.host)
             served.host = None
+
+    def serve_get(self, key: str, reader: Any, seal_checked: bool) -> ServedRead | None:
+        """A Get with a ReaderPlace (segcache.proto): the "ipc" path when the policy allows it,
+        else None (the caller streams the bytes, as for a Get without a place). seal_checked:
+        segcache refuses Puts whose seal does not open; a reader that requires it gets no
+        handle otherwise (it cannot check a seal over bytes it never copies to the host)."""
+        caps = Capabilities(cuda_ipc=reader.cuda_ipc and self.gpu is not None
+                            and (seal_checked or not reader.requires_sealed))
+        if "ipc" not in transfer_paths(self.holder(key), place_of(reader), caps):
+            return None
+        try:
+            served = self._ipc(key)
+        except Exception as e:  # demoted or deleted meanwhile, or the export failed: the bytes
+            log.warning("ipc read fell back to host", key=key, error=f"{type(e).__name__}: {e}")
+            return None
+        return served
+
+
+@dataclass
+class _HeldLease:
+    served: ServedRead
+    expires_at: float
+
+
+class DeviceLeaseTable:
+    """Device leases handed to readers by id: held until release(id) or until they expire
+    (expire(), which the servicer schedules one TTL after each open)."""
+
+    def __init__(self, reads: DeviceReads, ttl_s: float):
+        self.reads = reads
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._held: dict[str, _HeldLease] = {}
+
+    def open(self, served: ServedRead) -> str:
+        lease_id = uuid.uuid4().hex
+        with self._lock:
+            self._held[lease_id] = _HeldLease(served, time.monotonic() + self.ttl_s)
+        return lease_id
+
+    def release(self, lease_id: str) -> bool:
+        with self._lock:
+            held = self._held.pop(lease_id, None)
+        if held is None:
+            return False
+        self.reads.release(held.served)
+        return True
+
+    def expire(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            lapsed = [(i, h) for i, h in self._held.items() if h.expires_at <= now]
+            for i, _ in lapsed:
+                del self._held[i]
+        for i, h in lapsed:
+            log.warning("device lease expired", lease_id=i, key=h.served.info.key)
+            self.reads.release(h.served)
+        return len(lapsed)
+
+    @property
+    def active(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def close(self) -> None:
+        with self._lock:
+            held = list(self._held.values())
+            self._held.clear()
+        for h in held:
+            self.reads.release(h.served)

@@ -17,10 +17,12 @@ from common.mesh.abort import Abort
 from common.mesh.checks import stream_chunk
 from common.mesh.guard import internal_details
 from common.mesh.nixl_util import NixlUnavailable
+from common.mesh.transfer_path import ipc_to_pb
 from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from protos.hypic.v1 import segcache_pb2_grpc as segcache_grpc
 from services.segcache import metrics as m
 from services.segcache.config import SegcacheConfig
+from services.segcache.device_reads import READS, DeviceLeaseTable, DeviceReads
 from services.segcache.nixl_agent import LeaseManager
 from services.segcache.uploads import UploadBudget, paced
 from services.segcache.claims import MAX_HOLDER_BYTES, MAX_LEASE_S, ClaimTable
@@ -57,6 +59,9 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
         if self.secret is None:
             warn_no_key("Puts are stored without checking their seal")
         self.claims = ClaimTable()
+        # the same-GPU path of a Get that says where its reader is (device_reads.py)
+        self.device_reads = DeviceReads(store)
+        self.device_leases = DeviceLeaseTable(self.device_reads, cfg.lease_ttl_s)
 
     # ---- helpers ----------------------------------------------------------------------------
     async def _io(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -193,9 +198,32 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
         log.debug("put", key=header.key, size=header.size, created=res.created)
         return segcache_pb.PutResponse(entry=entry_pb(res.info), created=res.created)
 
+    async def _device_answer(self, key: str, reader: segcache_pb.ReaderPlace) -> segcache_pb.GetResponse | None:
+        """The "ipc" answer to a Get from a reader on this segcache's GPU, holding a device lease
+        until ReleaseDeviceLease or its TTL; None: stream the bytes (every other case)."""
+        served = await self._io(self.device_reads.serve_get, key, reader, self.secret is not None)
+        if served is None:
+            return None
+        lease_id = self.device_leases.open(served)
+        # the lease ends by itself one TTL later unless released first (as NIXL leases do)
+        asyncio.get_running_loop().call_later(self.cfg.lease_ttl_s, self.device_leases.expire)
+        READS.labels("ipc").inc()
+        return segcache_pb.GetResponse(entry=entry_pb(served.info), device=segcache_pb.DeviceLease(
+            lease_id=lease_id, ipc=ipc_to_pb(served.ipc), ttl_s=self.cfg.lease_ttl_s))
+
+    async def ReleaseDeviceLease(self, request: segcache_pb.ReleaseDeviceLeaseRequest,
+                                 context) -> segcache_pb.ReleaseDeviceLeaseResponse:
+        released = await self._io(self.device_leases.release, request.lease_id)
+        return segcache_pb.ReleaseDeviceLeaseResponse(released=released)
+
     async def Get(self, request: segcache_pb.GetRequest, context):
         try:
             key = self._key(request.key)
+            if request.HasField("reader"):
+                answer = await self._device_answer(key, request.reader)
+                if answer is not None:
+                    yield answer
+                    return
             got = await self._io(self.store.get, key)
             promoted = False
             if got is None and self.remote is not None:
@@ -206,6 +234,7 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
         except Exception as e:
             await self._fail(context, e)
         info, arr = got
+        READS.labels("host").inc()
         chunk = stream_chunk(request.chunk_bytes, self.cfg.chunk_bytes, self.cfg.max_message_bytes)
         first = True
         for off in range(0, info.size, chunk):

@@ -86,21 +86,85 @@ class PutResponse(_message.Message):
     created: bool
     def __init__(self, entry: _Optional[_Union[EntryInfo, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
+class ReaderPlace(_message.Message):
+    __slots__ = ("box_id", "gpu_uuid", "device_index", "cuda_ipc", "requires_sealed")
+    BOX_ID_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_FIELD_NUMBER: _ClassVar[int]
+    REQUIRES_SEALED_FIELD_NUMBER: _ClassVar[int]
+    box_id: str
+    gpu_uuid: str
+    device_index: int
+    cuda_ipc: bool
+    requires_sealed: bool
+    def __init__(self, box_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., device_index: _Optional[int] = ..., cuda_ipc: _Optional[bool] = ..., requires_sealed: _Optional[bool] = ...) -> None: ...
+
+class IpcHandle(_message.Message):
+    __slots__ = ("device", "handle", "storage_size_bytes", "storage_offset_bytes", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required", "tensor_offset", "nbytes")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EVENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    tensor_offset: int
+    nbytes: int
+    def __init__(self, device: _Optional[int] = ..., handle: _Optional[bytes] = ..., storage_size_bytes: _Optional[int] = ..., storage_offset_bytes: _Optional[int] = ..., ref_counter_handle: _Optional[bytes] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ..., tensor_offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class DeviceLease(_message.Message):
+    __slots__ = ("lease_id", "ipc", "ttl_s")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    IPC_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    ipc: IpcHandle
+    ttl_s: float
+    def __init__(self, lease_id: _Optional[str] = ..., ipc: _Optional[_Union[IpcHandle, _Mapping]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
 class GetRequest(_message.Message):
-    __slots__ = ("key", "chunk_bytes")
+    __slots__ = ("key", "chunk_bytes", "reader")
     KEY_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    READER_FIELD_NUMBER: _ClassVar[int]
     key: str
     chunk_bytes: int
-    def __init__(self, key: _Optional[str] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    reader: ReaderPlace
+    def __init__(self, key: _Optional[str] = ..., chunk_bytes: _Optional[int] = ..., reader: _Optional[_Union[ReaderPlace, _Mapping]] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("entry", "data")
+    __slots__ = ("entry", "data", "device")
     ENTRY_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     entry: EntryInfo
     data: bytes
-    def __init__(self, entry: _Optional[_Union[EntryInfo, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    device: DeviceLease
+    def __init__(self, entry: _Optional[_Union[EntryInfo, _Mapping]] = ..., data: _Optional[bytes] = ..., device: _Optional[_Union[DeviceLease, _Mapping]] = ...) -> None: ...
+
+class ReleaseDeviceLeaseRequest(_message.Message):
+    __slots__ = ("lease_id",)
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    def __init__(self, lease_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseDeviceLeaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
     __slots__ = ("keys",)

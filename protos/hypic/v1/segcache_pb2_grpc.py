@@ -80,6 +80,11 @@ class SegcacheStub:
                 request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.SerializeToString,
                 response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.FromString,
                 _registered_method=True)
+        self.ReleaseDeviceLease = channel.unary_unary(
+                '/hypic.v1.Segcache/ReleaseDeviceLease',
+                request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseDeviceLeaseRequest.SerializeToString,
+                response_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseDeviceLeaseResponse.FromString,
+                _registered_method=True)
         self.Claim = channel.unary_unary(
                 '/hypic.v1.Segcache/Claim',
                 request_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ClaimRequest.SerializeToString,
@@ -149,6 +154,13 @@ class SegcacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReleaseDeviceLease(self, request, context):
+        """Same-GPU path: the end of a device lease handed out by Get (see ReaderPlace).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Claim(self, request, context):
         """Build claims (see ClaimRequest).
         """
@@ -203,6 +215,11 @@ def add_SegcacheServicer_to_server(servicer, server):
                     servicer.ReleaseNixlLease,
                     request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.FromString,
                     response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.SerializeToString,
+            ),
+            'ReleaseDeviceLease': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseDeviceLease,
+                    request_deserializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseDeviceLeaseRequest.FromString,
+                    response_serializer=protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseDeviceLeaseResponse.SerializeToString,
             ),
             'Claim': grpc.unary_unary_rpc_method_handler(
                     servicer.Claim,
@@ -454,6 +471,33 @@ class Segcache:
             '/hypic.v1.Segcache/ReleaseNixlLease',
             protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseRequest.SerializeToString,
             protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseNixlLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseDeviceLease(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hypic.v1.Segcache/ReleaseDeviceLease',
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseDeviceLeaseRequest.SerializeToString,
+            protos_dot_hypic_dot_v1_dot_segcache__pb2.ReleaseDeviceLeaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
