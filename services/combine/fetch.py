@@ -3,7 +3,9 @@
 `acquire()` is one asyncio task per segment; every segment of a plan starts at once. It never
 fails for a reason another source could cure:
 
-    SOURCE_SEGCACHE -> segcache (NIXL read when both ends have it, else the gRPC stream)
+    SOURCE_SEGCACHE -> segcache (a CUDA IPC handle when the entry is in segcache's GPU memory and that
+                       is this combine's GPU: device_fetch.py; else a NIXL read when both ends have
+                       it, else the gRPC stream)
                        -> on a miss / error / bad entry: the scatter chain below
     SOURCE_SCATTER  -> plan.scatter_addresses[worker], then the next addresses in turn
                        -> on an error / bad entry everywhere: built on this worker
@@ -39,6 +41,7 @@ from protos.hypic.v1 import scatter_pb2 as scatter_pb
 from protos.hypic.v1 import segcache_pb2 as segcache_pb
 from services.combine import metrics as m
 from services.combine.config import CombineConfig
+from services.combine.device_fetch import fetch_at_place, reader_place
 from services.combine.peers import Peers, PeerUnavailable, ensure_connected
 
 log = structlog.get_logger("combine.fetch")
@@ -248,8 +251,10 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
     try:
         timeout = ctx.deadline.left(ctx.cfg.segcache_timeout_s)
         await ensure_connected(channel, min(timeout, ctx.cfg.connect_timeout_s))
-        data, tier, via_nixl = None, "", False
-        if ctx.peers.nixl_ready(addr):
+        data, tier, via_nixl, entry, ipc_bytes = None, "", False, None, 0
+        place = reader_place(ctx.engine.device, sealed=bool(ctx.secret))  # None off CUDA
+        info = None
+        if ctx.peers.nixl_ready(addr) or place is not None:
             try:
                 info = info_now or next(
                     (x for x in await asyncio.shield(ctx.lookup(addr, client)) if x.key == key), None)
@@ -259,6 +264,16 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
                 info = None
             if info is not None and info.tier == segcache_pb.TIER_MISS:
                 raise BadEntry("miss", "not cached")
+        if place is not None and (info is None or info.tier == segcache_pb.TIER_DEVICE):
+            # in segcache's GPU memory: a CUDA IPC handle when it is our GPU (device_fetch.py)
+            hit = await fetch_at_place(client, key, place, ctx.engine, lambda e: check_entry(e, ctx, ids),
+                                       request_id=ctx.request_id, spawn=ctx.spawn,
+                                       timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
+            if hit is None:
+                raise BadEntry("miss", "not cached")
+            entry, data, tier = hit.entry, hit.data, TIER_NAMES.get(hit.info.tier, "")
+            ipc_bytes = hit.info.size
+        if entry is None and data is None and ctx.peers.nixl_ready(addr):
             if info is not None and info.size >= ctx.cfg.nixl_min_bytes:
                 tier = TIER_NAMES.get(info.tier, "")
                 try:
@@ -274,14 +289,15 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
                 except Exception as e:  # a failed NIXL transfer: try the gRPC stream once
                     m.FALLBACKS.labels("nixl", _reason(e)).inc()
                     log.warning("nixl read failed, trying gRPC", index=i, key=key, error=_describe(e))
-        if data is None:
+        if entry is None and data is None:
             got = await client.get_with_info(key, verify=False, request_id=ctx.request_id,
                                              timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
             if got is None:
                 raise BadEntry("miss", "not cached")
             info, buf = got
             data, tier = buf, TIER_NAMES.get(info.tier, "")
-        entry = await parse_entry(data, ctx, key, ids)
+        if entry is None:
+            entry = await parse_entry(data, ctx, key, ids)
     except (asyncio.CancelledError, DeadlineExceeded):
         raise
     except Exception as e:
@@ -297,7 +313,7 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
     fetch_s = time.perf_counter() - t0
     m.STAGE_SECONDS.labels("fetch").observe(fetch_s)
     return Acquired(i, entry, combine_pb.SOURCE_SEGCACHE, fetch_s, time.perf_counter(), tier=tier,
-                    worker=addr, via_nixl=via_nixl, nbytes=len(data))
+                    worker=addr, via_nixl=via_nixl, nbytes=len(data) if data is not None else ipc_bytes)
 
 
 # ---- scatter -----------------------------------------------------------------------------------
