@@ -13,7 +13,8 @@ Rows (each skips with a reason when a piece is missing, FAILs on a wrong number 
   engine bf16 CUDA vs fp32 CPU logits, one tiny random checkpoint per linear family;
   fla path vs torch path per kernel family (prefill, summary T, decode step), with times;
   Triton compose vs torch; entry build + reuse prefill on CUDA vs CPU; segcache's device tier, and
-  a hit in it read by another process on the same GPU by CUDA IPC (scripts/gpu_tier.py);
+  a hit in it read by another process on the same GPU by CUDA IPC, and the combine's whole fetch
+  of an entry from a segcache process that way (scripts/gpu_tier.py);
   a NIXL VRAM->VRAM read between two processes (GB/s); the mesh with every service on one GPU
   answering the demo's request; on a mid-size random model of a real shape (scripts/gpu_mid.py):
   TTFT full/prefix/hypic for 8x512 and 32x1024, T build overhead, warm TTFT against its floor.
@@ -35,7 +36,7 @@ from pathlib import Path
 
 # scripts/ is this file's directory: on sys.path when run as a script
 from gpu_mid import mid_rows
-from gpu_tier import row_ipc, row_segcache
+from gpu_tier import row_combine_ipc, row_ipc, row_segcache
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # also in the NIXL row's spawned server process
@@ -380,6 +381,7 @@ def plan(tmp: Path):
         ("entry build + reuse prefill: CUDA vs CPU", ("cuda",), lambda: row_reuse(tmp)),
         ("segcache device tier", ("cuda",), lambda: row_segcache(tmp)),
         ("device tier -> reader by CUDA IPC, two processes", ("cuda",), lambda: row_ipc(tmp, DEV)),
+        ("combine fetch over CUDA IPC from a segcache process", ("cuda",), lambda: row_combine_ipc(tmp, DEV)),
         ("NIXL VRAM->VRAM, two processes", ("cuda", "nixl"), row_nixl),
         ("Triton compose (batched, run) vs torch", ("cuda", "triton"), row_compose),
         ("mesh on one GPU: demo request", ("cuda", "model"), lambda: row_mesh(tmp)),

@@ -202,6 +202,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "return self.output(o, aux, x.dtype), LinearLayerState(tail, S)",
            "return self.output(o, aux, x.dtype), LinearLayerState(tail, S0 if x.shape[1] == 1 and S0 is not None else S)",
            ("tests/engine/test_rerotation_and_decode.py", "-k", "decode_logits")),
+    # -- the same-GPU read (CUDA IPC) ------------------------------------------------------------------
+    Mutant("device-entry-ignores-its-key", "common/engine/pic/device_entry.py",
+           "    if identity_key(header) != key:\n", "    if False:\n",
+           ("tests/engine/pic/test_device_entry.py", "-k", "refusals")),
+    Mutant("segcache-device-lease-release-keeps-the-pin", "services/segcache/device_reads.py",
+           "        self.reads.release(held.served)\n        return True\n", "        return True\n",
+           ("tests/services/segcache/test_placed_reads.py", "-k", "same_gpu")),
     # -- streaming -------------------------------------------------------------------------------------
     Mutant("segcache-get-chunk-drops-a-byte", "services/segcache/servicer.py",
            "data = arr[off:off + chunk].tobytes()", "data = arr[off:off + chunk - 1].tobytes()",

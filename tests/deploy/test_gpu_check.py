@@ -20,8 +20,8 @@ import gpu_check  # noqa: E402
 import gpu_mid  # noqa: E402
 import gpu_tier  # noqa: E402
 
-# engine per model family, six other checks, four mid-size model rows, fla vs torch per kernel family
-N_ROWS = 3 + 6 + 4 + 6
+# engine per model family, seven other checks, four mid-size model rows, fla vs torch per kernel family
+N_ROWS = 3 + 7 + 4 + 6
 TINY_SPEC = "hidden=128,layers=4,ratio=3:1,vocab=512"  # bench.random_model's pattern, at a CPU size
 
 
@@ -154,3 +154,17 @@ def test_device_tier_ipc_row_runs_its_two_processes_on_cpu(tmp_path):
     status, value, detail = gpu_tier.row_ipc(tmp_path, "cpu", nbytes=1 << 20)
     assert status == "ok", detail
     assert value.startswith("host ") and "path host (expected host)" in detail and "tried: none" in detail
+
+
+def test_the_combine_ipc_row_skips_without_cuda(tmp_path):
+    status, _, detail = gpu_tier.row_combine_ipc(tmp_path, "cpu")
+    assert status == "skip" and "no CUDA" in detail
+
+
+@pytest.mark.processes
+def test_the_combine_ipc_row_walks_its_code_on_cpu_by_the_host_path(tmp_path):
+    """The row's segcache process, Put, combine fetch and host read on CPU, where the combine sends
+    no place and segcache has no tier 0: the path must be "host" and both reads agree."""
+    status, value, detail = gpu_tier.row_combine_ipc(tmp_path, "cpu", n_tokens=64, walk_on_cpu=True)
+    assert status == "ok", detail
+    assert value.startswith("host ") and "path host (expected host)" in detail
