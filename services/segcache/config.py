@@ -39,7 +39,7 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
     max_message_bytes: int = field(default=2 * MiB, metadata=field_help(
         "largest gRPC message, each way; small, since gRPC holds a stream's first message before its Put "
         "header can be refused (clients send 1 MiB chunks)"))
-    stream_window_bytes: int = field(default=1 * MiB, metadata=field_help(
+    stream_window_bytes: int = field(default=256 << 10, metadata=field_help(
         "the HTTP/2 receive window of each stream, fixed: how much a client may send beyond the "
         "message the servicer is reading, which gRPC buffers outside the upload budget; "
         "0 = gRPC's automatic windows (BDP probing, at least 4 MiB a stream; docs/tuning.md)"))

@@ -11,6 +11,7 @@ Used from the event loop only (no lock).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import time
 from contextlib import contextmanager
@@ -20,6 +21,16 @@ import grpc
 
 from common.mesh.abort import Abort
 from services.segcache import metrics as m
+
+
+def _libc_malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_malloc_trim = _libc_malloc_trim()
 
 
 class UploadBudget:
@@ -36,6 +47,9 @@ class UploadBudget:
         between exceptions, frames and grpc's call objects; few Python objects are allocated
         per MiB received, so the cycle collector's own schedule left them for minutes: each
         round of 20 stalled 16 MiB Puts kept ~100 MiB more (issue 30)."""
+        self._settle_soon()
+
+    def _settle_soon(self) -> None:
         if self._collect_due is not None:
             return
         delay = max(0.0, self._last_collect + self.collect_interval_s - time.monotonic())
@@ -45,6 +59,10 @@ class UploadBudget:
         self._collect_due = None
         self._last_collect = time.monotonic()
         gc.collect()
+        if _malloc_trim is not None:
+            # Free heap pages between live blocks go back to the OS: gRPC's socket reads of many
+            # streams leave them scattered through malloc's arenas, which shrink only from the top.
+            _malloc_trim(0)
 
     @contextmanager
     def reserve(self, size: int) -> Iterator[None]:
@@ -59,6 +77,8 @@ class UploadBudget:
             yield
         finally:
             self.reserved -= size
+            if self.reserved == 0:  # the last upload in progress ended: settle its leftovers
+                self._settle_soon()
 
 
 async def paced(messages: AsyncIterator[Any], idle_timeout_s: float) -> AsyncIterator[Any]:
