@@ -81,16 +81,24 @@ class UploadBudget:
                 self._settle_soon()
 
 
-async def paced(messages: AsyncIterator[Any], idle_timeout_s: float) -> AsyncIterator[Any]:
-    """`messages`, ending the upload with DEADLINE_EXCEEDED when none arrives for idle_timeout_s."""
-    it = messages.__aiter__()
-    while True:
+class paced:
+    """`messages`, ending the upload with DEADLINE_EXCEEDED when none arrives for idle_timeout_s.
+
+    An iterator object, not an async generator: a generator suspended at `yield msg` keeps the
+    message it handed over in its frame, and a refused Put's generator lives on in reference
+    cycles until the collector runs (UploadBudget.after_failed_upload)."""
+
+    def __init__(self, messages: AsyncIterator[Any], idle_timeout_s: float):
+        self._it = messages.__aiter__()
+        self._idle_timeout_s = idle_timeout_s
+
+    def __aiter__(self) -> "paced":
+        return self
+
+    async def __anext__(self) -> Any:
         try:
-            msg = await asyncio.wait_for(it.__anext__(), idle_timeout_s)
-        except StopAsyncIteration:
-            return
+            return await asyncio.wait_for(self._it.__anext__(), self._idle_timeout_s)
         except asyncio.TimeoutError:
             m.REFUSED.labels("stalled").inc()
             raise Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"upload stalled: nothing received for {idle_timeout_s:g} s") from None
-        yield msg
+                        f"upload stalled: nothing received for {self._idle_timeout_s:g} s") from None
