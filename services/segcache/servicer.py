@@ -23,7 +23,7 @@ from protos.hypic.v1 import segcache_pb2_grpc as segcache_grpc
 from services.segcache import metrics as m
 from services.segcache.config import SegcacheConfig
 from services.segcache.nixl_agent import LeaseManager
-from services.segcache.uploads import UploadBudget, paced
+from services.segcache.uploads import Paced, UploadBudget
 from services.segcache.claims import MAX_HOLDER_BYTES, MAX_LEASE_S, ClaimTable
 from services.segcache.lmdb_file import payload_buffer
 from services.segcache.remote_tier import MooncakeTier
@@ -171,17 +171,16 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
         return header
 
     def _after_failure(self, exc: BaseException) -> None:
-        """Let go of a failed Put's bytes now. The exception's frames hold its received
-        messages and buffer in reference cycles with grpc's call objects, until the collector
-        runs (UploadBudget.after_failed_upload): 16 refused 16 MiB Puts kept their first
-        1 MiB messages, two copies each, past the peak (issue 30)."""
+        """Let go of a failed Put's bytes now: the exception's frames hold its received
+        messages and buffer, in reference cycles with grpc's call objects that only the
+        collector breaks (UploadBudget.after_failed_upload, within a second)."""
         traceback.clear_frames(exc.__traceback__)
         self.uploads.after_failed_upload()
 
     async def Put(self, request_iterator, context) -> segcache_pb.PutResponse:
         first = buf = None
         try:
-            messages = paced(request_iterator, self.cfg.upload_idle_timeout_s)
+            messages = Paced(request_iterator, self.cfg.upload_idle_timeout_s)
             first = await anext(messages, None)
             header = self._header_of(first)
             self._check_header(header)

@@ -2,7 +2,7 @@
 
 A Put reserves its declared size when its header arrives, before any buffer exists, and gives it
 back when it ends, however it ends; a Put that does not fit is refused (RESOURCE_EXHAUSTED) rather
-than allocated. Uploads that stop sending are ended by `paced` after an idle timeout, so a stalled
+than allocated. Uploads that stop sending are ended by `Paced` after an idle timeout, so a stalled
 client cannot keep its reservation. Without this, 20 concurrent 16 MiB Puts took segcache to
 771 MiB under a 64 MiB host budget (issue 14).
 
@@ -81,7 +81,7 @@ class UploadBudget:
                 self._settle_soon()
 
 
-class paced:
+class Paced:
     """`messages`, ending the upload with DEADLINE_EXCEEDED when none arrives for idle_timeout_s.
 
     An iterator object, not an async generator: a generator suspended at `yield msg` keeps the
@@ -92,7 +92,7 @@ class paced:
         self._it = messages.__aiter__()
         self._idle_timeout_s = idle_timeout_s
 
-    def __aiter__(self) -> "paced":
+    def __aiter__(self) -> "Paced":
         return self
 
     async def __anext__(self) -> Any:
