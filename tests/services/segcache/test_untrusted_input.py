@@ -117,14 +117,15 @@ BUDGET_MIB, ENTRY_MIB, N = 64, 16, 20
 # the upload budget (64 MiB): the budget bounds everything in flight, what gRPC holds of streams
 # not handed over yet included. What keeps the rest small: each stream's HTTP/2 window is fixed
 # (--stream-window-bytes; gRPC's automatic windows are at least 4 MiB a stream), messages are
-# 2 MiB at most, a failed Put drops its bytes at once. The largest share left is LMDB's commit
-# (the value's framed copy and LMDB's own pages, ~2x the entry, one commit at a time).
-# Measured from ~69 MiB at start with the default 256 KiB window, load average ~10 on 2 cores:
-# 108-116 concurrent, 98-110 stalled; 120-153 and 101-116 with gRPC's automatic windows; before
+# 2 MiB at most, a failed Put drops its bytes at once, LMDB's commit frames the upload buffer in
+# place. What is left: LMDB's own pages during a commit (one entry) and every stream's first
+# message at once (20 x 1 MiB, in gRPC's buffers and then as Python bytes).
+# Measured from ~69 MiB at start with the default 256 KiB window, load average 10-16 on 2 cores:
+# 91-106 concurrent, 99-113 stalled; 96-162 and 101-131 with gRPC's automatic windows; before
 # issue 30's second round 133-164 and 123-145 alone, 205 and 178 in a loaded whole-suite run.
 PEAK_BOUND_MIB = BUDGET_MIB + BUDGET_MIB
 # What stays after the uploads end: the host tier and a stated constant for allocator slack
-# (measured 3-5 MiB over the host tier; 20-30 before freed heap pages were trimmed).
+# (measured 3-7 MiB over the host tier; 20-30 before freed heap pages were trimmed).
 RETAINED_CONSTANT_MIB = 32
 AFTER_BOUND_MIB = BUDGET_MIB + RETAINED_CONSTANT_MIB
 STALLED_ROUNDS = 3
