@@ -121,7 +121,7 @@ BUDGET_MIB, ENTRY_MIB, N = 64, 16, 20
 # place. What is left: LMDB's own pages during a commit (one entry) and every stream's first
 # message at once (20 x 1 MiB, in gRPC's buffers and then as Python bytes).
 # Measured from ~69 MiB at start with the default 256 KiB window, load average 10-16 on 2 cores:
-# 91-106 concurrent, 99-113 stalled; 96-162 and 101-131 with gRPC's automatic windows; before
+# 89-106 concurrent, 99-113 stalled; 96-162 and 101-131 with gRPC's automatic windows; before
 # issue 30's second round 133-164 and 123-145 alone, 205 and 178 in a loaded whole-suite run.
 PEAK_BOUND_MIB = BUDGET_MIB + BUDGET_MIB
 # What stays after the uploads end: the host tier and a stated constant for allocator slack
