@@ -213,6 +213,12 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("segcache-get-chunk-drops-a-byte", "services/segcache/servicer.py",
            "data = arr[off:off + chunk].tobytes()", "data = arr[off:off + chunk - 1].tobytes()",
            ("tests/services/segcache/test_service.py", "-k", "byte_exact")),
+    Mutant("framed-lmdb-value-keeps-a-stale-header", "services/segcache/lmdb_file.py",
+           "        HEADER.pack_into(framed, 0, MAGIC, FORMAT_VERSION, 0, arr.nbytes, digest)\n", "",
+           ("tests/services/segcache/test_framed_values.py",)),
+    Mutant("segcache-stream-window-not-applied", "services/segcache/__main__.py",
+           "return stream_window_options(self.cfg.stream_window_bytes)", "return []",
+           ("tests/services/segcache/test_stream_window.py", "-k", "announces")),
     # -- running the mesh ------------------------------------------------------------------------------
     Mutant("nixl-progress-thread-spins", "common/mesh/nixl_util.py",
            "PROGRESS_POLL_US = 100_000", "PROGRESS_POLL_US = 0",

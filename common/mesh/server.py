@@ -125,10 +125,13 @@ def build_server(service: str, *, host: str = DEFAULT_HOST, port: int = 0,
     """A grpc.aio server bound to host:port (port 0: ephemeral), with grpc.health.v1 registered
     (every service NOT_SERVING until mark_serving), TLS when `credentials` are given (then
     there is no plaintext port). Returns (server, bound_port, health)."""
-    opts = message_options(max_message_bytes) + [
+    defaults = message_options(max_message_bytes) + [
         # A second process must not silently share the port (grpc enables SO_REUSEPORT).
         ("grpc.so_reuseport", 0),
-    ] + list(options)
+    ]
+    # `options` replace the defaults of the same name rather than trail them: which of two
+    # equal keys grpc-core takes is its own affair.
+    opts = list({**dict(defaults), **dict(options)}.items())
     server = grpc.aio.server(interceptors=[ObservabilityInterceptor(service), GuardInterceptor(), *interceptors],
                              options=opts)
     health = grpc_health.aio.HealthServicer()

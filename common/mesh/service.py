@@ -48,6 +48,11 @@ class Service:
         """Server interceptors beyond observability: who may call what (common/mesh/auth.py)."""
         return []
 
+    def server_options(self) -> list[tuple[str, Any]]:
+        """gRPC server options beyond the message-size ones (common/mesh/server.py), which
+        they override: e.g. segcache's fixed HTTP/2 windows."""
+        return []
+
     def register(self, server: grpc.aio.Server, port: int) -> None:
         """Add the servicer to `server` (bound to `port`)."""
         raise NotImplementedError
@@ -92,7 +97,8 @@ async def serve(service: Service) -> int:
     adopt_library_loggers()  # what prepare() imported (transformers, nixl) logs as JSON too
     server, port, health = build_server(service.name, host=cfg.host, port=cfg.port,
                                         max_message_bytes=cfg.max_message_bytes,
-                                        interceptors=interceptors, credentials=credentials)
+                                        interceptors=interceptors, credentials=credentials,
+                                        options=service.server_options())
     service.register(server, port)
     await server.start()
     await service.started()

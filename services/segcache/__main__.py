@@ -44,6 +44,18 @@ def return_freed_buffers_to_the_os() -> None:
         pass
 
 
+def stream_window_options(window_bytes: int) -> list[tuple[str, int]]:
+    """gRPC server options that fix every stream's HTTP/2 receive window at `window_bytes`
+    (0: none, gRPC's automatic windows). With BDP probing on, grpc-core resizes the window
+    to at least 4 MiB a stream whatever lookahead_bytes says, so a client may have that much
+    in flight beyond the message the servicer reads: 20 Puts, most of them refused, held
+    tens of MiB outside the upload budget (issue 30). The servicer still gets each message
+    it asks for whole: grpc opens the window as far as the message being read needs."""
+    if window_bytes <= 0:
+        return []
+    return [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", int(window_bytes))]
+
+
 class SegcacheService(service.Service):
     name = "segcache"
     grpc_service = SERVICE_NAME
@@ -72,6 +84,9 @@ class SegcacheService(service.Service):
             self.log.warning("segcache writes are open to every caller: set --tls-cert/--tls-key/"
                              "--tls-ca (mutual TLS) or --write-token (docs/security.md)")
         return [guard]
+
+    def server_options(self) -> list:
+        return stream_window_options(self.cfg.stream_window_bytes)
 
     def register(self, server, port: int) -> None:
         servicer = SegcacheServicer(self.cfg, self.store, self.leases, self.executor)

@@ -39,6 +39,10 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
     max_message_bytes: int = field(default=2 * MiB, metadata=field_help(
         "largest gRPC message, each way; small, since gRPC holds a stream's first message before its Put "
         "header can be refused (clients send 1 MiB chunks)"))
+    stream_window_bytes: int = field(default=256 << 10, metadata=field_help(
+        "the HTTP/2 receive window of each stream, fixed: how much a client may send beyond the "
+        "message the servicer is reading, which gRPC buffers outside the upload budget; "
+        "0 = gRPC's automatic windows (BDP probing, at least 4 MiB a stream; docs/tuning.md)"))
     chunk_bytes: int = field(default=1 * MiB, metadata=field_help("Get stream chunk size"))
     max_key_bytes: int = field(default=256, metadata=field_help("longest key (UTF-8 bytes)"))
     max_lookup_keys: int = field(default=4096, metadata=field_help("most keys in one Lookup/Delete/Pin"))
@@ -111,6 +115,8 @@ class SegcacheConfig(ServiceConfig):  # + metrics_port, metrics_host, log_level,
             raise ValueError("max_key_bytes must be in 1..511")
         if self.io_threads < 1:
             raise ValueError("io_threads must be >= 1")
+        if not 0 <= self.stream_window_bytes < 1 << 31:  # HTTP/2's largest window
+            raise ValueError("stream_window_bytes must be in 0..2 GiB - 1")
         if self.upload_budget_bytes < 0:
             raise ValueError("upload_budget_bytes must be >= 0")
         if not (self.upload_idle_timeout_s > 0 and math.isfinite(self.upload_idle_timeout_s)):

@@ -72,8 +72,32 @@ def decode_meta(key: str, raw: bytes) -> Entry:
                  pinned=bool(flags & META_PINNED), on_disk=True)
 
 
-def encode_value(arr: np.ndarray, digest: bytes) -> bytearray:
-    """The LMDB value: fixed header + payload, in one buffer (one LMDB value, one commit)."""
+def payload_buffer(size: int) -> np.ndarray:
+    """An uninitialised buffer for `size` payload bytes with room for the value header in front,
+    so that `encode_value` frames it in place: a write-through Put's commit then holds the entry
+    twice (its buffer and LMDB's dirty pages), not three times (issue 30)."""
+    return np.empty(HEADER.size + size, dtype=np.uint8)[HEADER.size:]
+
+
+def _framing_room(arr: np.ndarray) -> np.ndarray | None:
+    """The whole buffer `arr` was cut from by payload_buffer; None when it was not."""
+    base = arr.base
+    if not (isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.ndim == 1
+            and base.flags.c_contiguous and base.flags.writeable and arr.dtype == np.uint8
+            and arr.ndim == 1 and base.nbytes == HEADER.size + arr.nbytes
+            and arr.ctypes.data == base.ctypes.data + HEADER.size):
+        return None
+    return base
+
+
+def encode_value(arr: np.ndarray, digest: bytes) -> bytearray | memoryview:
+    """The LMDB value: fixed header + payload, in one buffer (one LMDB value, one commit).
+    A payload_buffer gets its header written in front of it, no copy; any other array is copied
+    after a header (the reference the framed path is tested against)."""
+    framed = _framing_room(arr)
+    if framed is not None:
+        HEADER.pack_into(framed, 0, MAGIC, FORMAT_VERSION, 0, arr.nbytes, digest)
+        return memoryview(framed)
     value = bytearray(HEADER.size + arr.nbytes)
     HEADER.pack_into(value, 0, MAGIC, FORMAT_VERSION, 0, arr.nbytes, digest)
     np.frombuffer(value, dtype=np.uint8, offset=HEADER.size)[:] = arr

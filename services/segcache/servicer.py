@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import traceback
 from concurrent.futures import Executor
 from typing import Any, Callable
 
@@ -24,8 +25,9 @@ from services.segcache import metrics as m
 from services.segcache.config import SegcacheConfig
 from services.segcache.device_reads import READS, DeviceLeaseTable, DeviceReads
 from services.segcache.nixl_agent import LeaseManager
-from services.segcache.uploads import UploadBudget, paced
+from services.segcache.uploads import Paced, UploadBudget
 from services.segcache.claims import MAX_HOLDER_BYTES, MAX_LEASE_S, ClaimTable
+from services.segcache.lmdb_file import payload_buffer
 from services.segcache.remote_tier import MooncakeTier
 from services.segcache.store import EntryInfo, SegcacheError, SegmentStore, check_entry_size, check_key
 
@@ -146,49 +148,68 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
             raise Abort(_status(e), str(e)) from None
 
     @staticmethod
-    async def _receive(header: segcache_pb.PutHeader, first: segcache_pb.PutRequest, rest: Any) -> np.ndarray:
-        """The declared bytes of a Put: `first`'s data, then the rest of the stream."""
-        # numpy, not bytearray: large numpy buffers are hugepage-advised, which
-        # makes NIXL (UCX cma) reads of the host tier 2-3x faster.
-        buf = np.empty(header.size, dtype=np.uint8)
-        n = 0
-        msg: segcache_pb.PutRequest | None = first
-        while msg is not None:
-            data = msg.data
-            if n + len(data) > len(buf):
-                raise Abort.invalid(f"more than the declared {len(buf)} bytes")
-            buf[n:n + len(data)] = np.frombuffer(data, dtype=np.uint8)
-            n += len(data)
-            msg = await anext(rest, None)
-            if msg is not None and msg.HasField("header"):
+    def _take(buf: np.ndarray, n: int, data: bytes) -> int:
+        """Copy one message's `data` into buf at n; the new fill."""
+        if n + len(data) > len(buf):
+            raise Abort.invalid(f"more than the declared {len(buf)} bytes")
+        buf[n:n + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        return n + len(data)
+
+    async def _receive(self, buf: np.ndarray, n: int, rest: Any) -> None:
+        """Fill buf (its first n bytes already there) from the rest of the stream."""
+        async for msg in rest:
+            if msg.HasField("header"):
                 raise Abort.invalid("header sent twice in one Put")
+            n = self._take(buf, n, msg.data)
+            del msg  # not held across the next wait
         if n != len(buf):
             raise Abort.invalid(f"stream ended after {n} of {len(buf)} declared bytes")
-        return buf
+
+    @staticmethod
+    def _header_of(first: segcache_pb.PutRequest | None) -> segcache_pb.PutHeader:
+        if first is None:
+            raise Abort.invalid("empty Put stream")
+        if not first.HasField("header"):
+            raise Abort.invalid("the first Put message must carry the header")
+        header = segcache_pb.PutHeader()
+        header.CopyFrom(first.header)  # a view would keep the whole first message alive
+        return header
+
+    def _after_failure(self, exc: BaseException) -> None:
+        """Let go of a failed Put's bytes now: the exception's frames hold its received
+        messages and buffer, in reference cycles with grpc's call objects that only the
+        collector breaks (UploadBudget.after_failed_upload, within a second)."""
+        traceback.clear_frames(exc.__traceback__)
+        self.uploads.after_failed_upload()
 
     async def Put(self, request_iterator, context) -> segcache_pb.PutResponse:
+        first = buf = None
         try:
-            messages = paced(request_iterator, self.cfg.upload_idle_timeout_s)
+            messages = Paced(request_iterator, self.cfg.upload_idle_timeout_s)
             first = await anext(messages, None)
-            if first is None:
-                raise Abort.invalid("empty Put stream")
-            if not first.HasField("header"):
-                raise Abort.invalid("the first Put message must carry the header")
-            header = first.header
+            header = self._header_of(first)
             self._check_header(header)
             with self.uploads.reserve(header.size):  # before any buffer exists
-                buf = await self._receive(header, first, messages)
+                # numpy, not bytearray: large numpy buffers are hugepage-advised, which
+                # makes NIXL (UCX cma) reads of the host tier 2-3x faster. Room for LMDB's
+                # value header in front spares the commit a copy of the entry.
+                buf = payload_buffer(header.size)
+                n = self._take(buf, 0, first.data)
+                first = None  # only buf holds its bytes while the rest arrives
+                await self._receive(buf, n, messages)
                 await self._check_entry(header.key, buf)
                 res = await self._io(self.store.put, header.key, buf,
                                      recompute_cost_s=header.recompute_cost_s,
                                      token_count=header.token_count,
                                      model_fingerprint=header.model_fingerprint, pin=header.pin,
                                      expected_checksum=header.checksum)
-        except asyncio.CancelledError:  # the client reset the stream or hung up
-            self.uploads.after_failed_upload()
+        except asyncio.CancelledError as e:  # the client reset the stream or hung up
+            first = buf = None
+            self._after_failure(e)
             raise
         except Exception as e:
-            self.uploads.after_failed_upload()
+            first = buf = None
+            self._after_failure(e)
             await self._fail(context, e)
         self.claims.release(header.key)
         if self.remote is not None and res.created:  # write-behind; a full queue drops it

@@ -2,7 +2,7 @@
 
 A Put reserves its declared size when its header arrives, before any buffer exists, and gives it
 back when it ends, however it ends; a Put that does not fit is refused (RESOURCE_EXHAUSTED) rather
-than allocated. Uploads that stop sending are ended by `paced` after an idle timeout, so a stalled
+than allocated. Uploads that stop sending are ended by `Paced` after an idle timeout, so a stalled
 client cannot keep its reservation. Without this, 20 concurrent 16 MiB Puts took segcache to
 771 MiB under a 64 MiB host budget (issue 14).
 
@@ -11,6 +11,7 @@ Used from the event loop only (no lock).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import time
 from contextlib import contextmanager
@@ -20,6 +21,16 @@ import grpc
 
 from common.mesh.abort import Abort
 from services.segcache import metrics as m
+
+
+def _libc_malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_malloc_trim = _libc_malloc_trim()
 
 
 class UploadBudget:
@@ -36,6 +47,9 @@ class UploadBudget:
         between exceptions, frames and grpc's call objects; few Python objects are allocated
         per MiB received, so the cycle collector's own schedule left them for minutes: each
         round of 20 stalled 16 MiB Puts kept ~100 MiB more (issue 30)."""
+        self._settle_soon()
+
+    def _settle_soon(self) -> None:
         if self._collect_due is not None:
             return
         delay = max(0.0, self._last_collect + self.collect_interval_s - time.monotonic())
@@ -45,6 +59,10 @@ class UploadBudget:
         self._collect_due = None
         self._last_collect = time.monotonic()
         gc.collect()
+        if _malloc_trim is not None:
+            # Free heap pages between live blocks go back to the OS: gRPC's socket reads of many
+            # streams leave them scattered through malloc's arenas, which shrink only from the top.
+            _malloc_trim(0)
 
     @contextmanager
     def reserve(self, size: int) -> Iterator[None]:
@@ -59,18 +77,28 @@ class UploadBudget:
             yield
         finally:
             self.reserved -= size
+            if self.reserved == 0:  # the last upload in progress ended: settle its leftovers
+                self._settle_soon()
 
 
-async def paced(messages: AsyncIterator[Any], idle_timeout_s: float) -> AsyncIterator[Any]:
-    """`messages`, ending the upload with DEADLINE_EXCEEDED when none arrives for idle_timeout_s."""
-    it = messages.__aiter__()
-    while True:
+class Paced:
+    """`messages`, ending the upload with DEADLINE_EXCEEDED when none arrives for idle_timeout_s.
+
+    An iterator object, not an async generator: a generator suspended at `yield msg` keeps the
+    message it handed over in its frame, and a refused Put's generator lives on in reference
+    cycles until the collector runs (UploadBudget.after_failed_upload)."""
+
+    def __init__(self, messages: AsyncIterator[Any], idle_timeout_s: float):
+        self._it = messages.__aiter__()
+        self._idle_timeout_s = idle_timeout_s
+
+    def __aiter__(self) -> "Paced":
+        return self
+
+    async def __anext__(self) -> Any:
         try:
-            msg = await asyncio.wait_for(it.__anext__(), idle_timeout_s)
-        except StopAsyncIteration:
-            return
+            return await asyncio.wait_for(self._it.__anext__(), self._idle_timeout_s)
         except asyncio.TimeoutError:
             m.REFUSED.labels("stalled").inc()
             raise Abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                        f"upload stalled: nothing received for {idle_timeout_s:g} s") from None
-        yield msg
+                        f"upload stalled: nothing received for {self._idle_timeout_s:g} s") from None
