@@ -39,7 +39,7 @@ from services.segcache.policy import make_policy
 from services.segcache.records import (  # noqa: F401  (re-exported: the store's public names)
     TIER_DEVICE, TIER_DISK, TIER_HOST, TIER_MISS, TIER_NAMES, CacheFull, ChecksumMismatch, CorruptEntry, Entry,
     EntryInfo, EntryTooLarge, HostLease, InvalidRequest, PutResult, SegcacheError, TierState, as_array, checksum,
-    check_entry_size, check_key,
+    check_entry_size, check_key, entry_format, format_totals,
 )
 
 log = structlog.get_logger("segcache.store")
@@ -254,7 +254,7 @@ class SegmentStore(HostLeases):
         if expected_checksum and expected_checksum != digest:
             raise ChecksumMismatch("payload does not match the writer's checksum")
         e = Entry(key=key, size=arr.nbytes, cost=float(recompute_cost_s), tokens=int(token_count),
-                  fingerprint=model_fingerprint, digest=digest, pinned=pin)
+                  fingerprint=model_fingerprint, digest=digest, pinned=pin, format=entry_format(arr))
         with self._wlock:
             with self._lock:
                 old = self._entries.get(key)
@@ -447,6 +447,7 @@ class SegmentStore(HostLeases):
         with self._lock:
             return {
                 "tiers": [t.as_dict() for t in self.tiers],
+                "formats": format_totals(self._entries.values()),  # (tier, format) -> [bytes, entries]
                 "entries": len(self._entries),
                 "pinned": sum(1 for e in self._entries.values() if e.pinned),
                 "corrupt_dropped": self.corrupt_dropped,
