@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/hypic/v1/segcache.proto\x12\x08hypic.v1\"\xb0\x01\n\tEntryInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1c\n\x04tier\x18\x02 \x01(\x0e\x32\x0e.hypic.v1.Tier\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x18\n\x10recompute_cost_s\x18\x04 \x01(\x01\x12\x13\n\x0btoken_count\x18\x05 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\x0c\x12\x0e\n\x06pinned\x18\x08 \x01(\x08\"\x1d\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\"6\n\x0eLookupResponse\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.hypic.v1.EntryInfo\"\x8f\x01\n\tPutHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x18\n\x10recompute_cost_s\x18\x03 \x01(\x01\x12\x13\n\x0btoken_count\x18\x04 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x0b\n\x03pin\x18\x06 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\x0c\"?\n\nPutRequest\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.hypic.v1.PutHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"B\n\x0bPutResponse\x12\"\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x13.hypic.v1.EntryInfo\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\".\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\r\"?\n\x0bGetResponse\x12\"\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x13.hypic.v1.EntryInfo\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x1d\n\rDeleteRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"*\n\nPinRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\"/\n\x0bPinResponse\x12\x0f\n\x07updated\x18\x01 \x01(\r\x12\x0f\n\x07missing\x18\x02 \x03(\t\"\x0e\n\x0cStatsRequest\"\xc9\x01\n\tTierStats\x12\x1c\n\x04tier\x18\x01 \x01(\x0e\x32\x0e.hypic.v1.Tier\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x14\n\x0c\x62udget_bytes\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x12\n\npeak_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x06 \x01(\x04\x12\x0c\n\x04hits\x18\x07 \x01(\x04\x12\x0e\n\x06misses\x18\x08 \x01(\x04\x12\x11\n\tevictions\x18\t \x01(\x04\x12\x12\n\npromotions\x18\n \x01(\x04\"\xc1\x01\n\rStatsResponse\x12\"\n\x05tiers\x18\x01 \x03(\x0b\x32\x13.hypic.v1.TierStats\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x04\x12\x0e\n\x06pinned\x18\x03 \x01(\x04\x12\x17\n\x0f\x63orrupt_dropped\x18\x04 \x01(\x04\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x16\n\x0enixl_available\x18\x06 \x01(\x08\x12\x13\n\x0bnixl_reason\x18\x07 \x01(\t\x12\x15\n\rleases_active\x18\x08 \x01(\x04\"\x11\n\x0fNixlInfoRequest\"r\n\x10NixlInfoResponse\x12\x11\n\tavailable\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\nagent_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x04 \x01(\x0c\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\">\n\x14OpenNixlLeaseRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x19\n\x11reader_agent_name\x18\x02 \x01(\t\"A\n\x0eNixlDescriptor\x12\x0c\n\x04\x61\x64\x64r\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\r\"\xca\x01\n\x15OpenNixlLeaseResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\"\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x13.hypic.v1.EntryInfo\x12\x12\n\nagent_name\x18\x03 \x01(\t\x12\x10\n\x08mem_type\x18\x04 \x01(\t\x12-\n\x0b\x64\x65scriptors\x18\x05 \x03(\x0b\x32\x18.hypic.v1.NixlDescriptor\x12\r\n\x05ttl_s\x18\x06 \x01(\x01\x12\x17\n\x0fregion_metadata\x18\x07 \x01(\x0c\"+\n\x17ReleaseNixlLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\",\n\x18ReleaseNixlLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"=\n\x0c\x43laimRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\"a\n\x0b\x43laimResult\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07granted\x18\x02 \x01(\x08\x12\x0e\n\x06\x63\x61\x63hed\x18\x03 \x01(\x08\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x14\n\x0c\x65xpires_in_s\x18\x05 \x01(\x01\"7\n\rClaimResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.hypic.v1.ClaimResult*U\n\x04Tier\x12\r\n\tTIER_MISS\x10\x00\x12\x0f\n\x0bTIER_DEVICE\x10\x01\x12\r\n\tTIER_HOST\x10\x02\x12\r\n\tTIER_DISK\x10\x03\x12\x0f\n\x0bTIER_REMOTE\x10\x04\x32\x88\x05\n\x08Segcache\x12;\n\x06Lookup\x12\x17.hypic.v1.LookupRequest\x1a\x18.hypic.v1.LookupResponse\x12\x34\n\x03Put\x12\x14.hypic.v1.PutRequest\x1a\x15.hypic.v1.PutResponse(\x01\x12\x34\n\x03Get\x12\x14.hypic.v1.GetRequest\x1a\x15.hypic.v1.GetResponse0\x01\x12;\n\x06\x44\x65lete\x12\x17.hypic.v1.DeleteRequest\x1a\x18.hypic.v1.DeleteResponse\x12\x32\n\x03Pin\x12\x14.hypic.v1.PinRequest\x1a\x15.hypic.v1.PinResponse\x12\x38\n\x05Stats\x12\x16.hypic.v1.StatsRequest\x1a\x17.hypic.v1.StatsResponse\x12\x41\n\x08NixlInfo\x12\x19.hypic.v1.NixlInfoRequest\x1a\x1a.hypic.v1.NixlInfoResponse\x12P\n\rOpenNixlLease\x12\x1e.hypic.v1.OpenNixlLeaseRequest\x1a\x1f.hypic.v1.OpenNixlLeaseResponse\x12Y\n\x10ReleaseNixlLease\x12!.hypic.v1.ReleaseNixlLeaseRequest\x1a\".hypic.v1.ReleaseNixlLeaseResponse\x12\x38\n\x05\x43laim\x12\x16.hypic.v1.ClaimRequest\x1a\x17.hypic.v1.ClaimResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotos/hypic/v1/segcache.proto\x12\x08hypic.v1\"\xb0\x01\n\tEntryInfo\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1c\n\x04tier\x18\x02 \x01(\x0e\x32\x0e.hypic.v1.Tier\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x18\n\x10recompute_cost_s\x18\x04 \x01(\x01\x12\x13\n\x0btoken_count\x18\x05 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x06 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\x0c\x12\x0e\n\x06pinned\x18\x08 \x01(\x08\"\x1d\n\rLookupRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\"6\n\x0eLookupResponse\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.hypic.v1.EntryInfo\"\x8f\x01\n\tPutHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x18\n\x10recompute_cost_s\x18\x03 \x01(\x01\x12\x13\n\x0btoken_count\x18\x04 \x01(\r\x12\x19\n\x11model_fingerprint\x18\x05 \x01(\t\x12\x0b\n\x03pin\x18\x06 \x01(\x08\x12\x10\n\x08\x63hecksum\x18\x07 \x01(\x0c\"?\n\nPutRequest\x12#\n\x06header\x18\x01 \x01(\x0b\x32\x13.hypic.v1.PutHeader\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"B\n\x0bPutResponse\x12\"\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x13.hypic.v1.EntryInfo\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\".\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\r\"?\n\x0bGetResponse\x12\"\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\x13.hypic.v1.EntryInfo\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\x1d\n\rDeleteRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\"!\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\r\"*\n\nPinRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0e\n\x06pinned\x18\x02 \x01(\x08\"/\n\x0bPinResponse\x12\x0f\n\x07updated\x18\x01 \x01(\r\x12\x0f\n\x07missing\x18\x02 \x03(\t\"\x0e\n\x0cStatsRequest\"\xf1\x01\n\tTierStats\x12\x1c\n\x04tier\x18\x01 \x01(\x0e\x32\x0e.hypic.v1.Tier\x12\x0f\n\x07\x65nabled\x18\x02 \x01(\x08\x12\x14\n\x0c\x62udget_bytes\x18\x03 \x01(\x04\x12\r\n\x05\x62ytes\x18\x04 \x01(\x04\x12\x12\n\npeak_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x06 \x01(\x04\x12\x0c\n\x04hits\x18\x07 \x01(\x04\x12\x0e\n\x06misses\x18\x08 \x01(\x04\x12\x11\n\tevictions\x18\t \x01(\x04\x12\x12\n\npromotions\x18\n \x01(\x04\x12&\n\x07\x66ormats\x18\x0b \x03(\x0b\x32\x15.hypic.v1.FormatStats\"=\n\x0b\x46ormatStats\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\t\x12\r\n\x05\x62ytes\x18\x02 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\x04\"\xc1\x01\n\rStatsResponse\x12\"\n\x05tiers\x18\x01 \x03(\x0b\x32\x13.hypic.v1.TierStats\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x04\x12\x0e\n\x06pinned\x18\x03 \x01(\x04\x12\x17\n\x0f\x63orrupt_dropped\x18\x04 \x01(\x04\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x16\n\x0enixl_available\x18\x06 \x01(\x08\x12\x13\n\x0bnixl_reason\x18\x07 \x01(\t\x12\x15\n\rleases_active\x18\x08 \x01(\x04\"\x11\n\x0fNixlInfoRequest\"r\n\x10NixlInfoResponse\x12\x11\n\tavailable\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x12\n\nagent_name\x18\x03 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x04 \x01(\x0c\x12\x0f\n\x07\x62\x61\x63kend\x18\x05 \x01(\t\">\n\x14OpenNixlLeaseRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x19\n\x11reader_agent_name\x18\x02 \x01(\t\"A\n\x0eNixlDescriptor\x12\x0c\n\x04\x61\x64\x64r\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\r\"\xca\x01\n\x15OpenNixlLeaseResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\"\n\x05\x65ntry\x18\x02 \x01(\x0b\x32\x13.hypic.v1.EntryInfo\x12\x12\n\nagent_name\x18\x03 \x01(\t\x12\x10\n\x08mem_type\x18\x04 \x01(\t\x12-\n\x0b\x64\x65scriptors\x18\x05 \x03(\x0b\x32\x18.hypic.v1.NixlDescriptor\x12\r\n\x05ttl_s\x18\x06 \x01(\x01\x12\x17\n\x0fregion_metadata\x18\x07 \x01(\x0c\"+\n\x17ReleaseNixlLeaseRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\",\n\x18ReleaseNixlLeaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"=\n\x0c\x43laimRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x0e\n\x06holder\x18\x02 \x01(\t\x12\x0f\n\x07lease_s\x18\x03 \x01(\x01\"a\n\x0b\x43laimResult\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07granted\x18\x02 \x01(\x08\x12\x0e\n\x06\x63\x61\x63hed\x18\x03 \x01(\x08\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x14\n\x0c\x65xpires_in_s\x18\x05 \x01(\x01\"7\n\rClaimResponse\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.hypic.v1.ClaimResult*U\n\x04Tier\x12\r\n\tTIER_MISS\x10\x00\x12\x0f\n\x0bTIER_DEVICE\x10\x01\x12\r\n\tTIER_HOST\x10\x02\x12\r\n\tTIER_DISK\x10\x03\x12\x0f\n\x0bTIER_REMOTE\x10\x04\x32\x88\x05\n\x08Segcache\x12;\n\x06Lookup\x12\x17.hypic.v1.LookupRequest\x1a\x18.hypic.v1.LookupResponse\x12\x34\n\x03Put\x12\x14.hypic.v1.PutRequest\x1a\x15.hypic.v1.PutResponse(\x01\x12\x34\n\x03Get\x12\x14.hypic.v1.GetRequest\x1a\x15.hypic.v1.GetResponse0\x01\x12;\n\x06\x44\x65lete\x12\x17.hypic.v1.DeleteRequest\x1a\x18.hypic.v1.DeleteResponse\x12\x32\n\x03Pin\x12\x14.hypic.v1.PinRequest\x1a\x15.hypic.v1.PinResponse\x12\x38\n\x05Stats\x12\x16.hypic.v1.StatsRequest\x1a\x17.hypic.v1.StatsResponse\x12\x41\n\x08NixlInfo\x12\x19.hypic.v1.NixlInfoRequest\x1a\x1a.hypic.v1.NixlInfoResponse\x12P\n\rOpenNixlLease\x12\x1e.hypic.v1.OpenNixlLeaseRequest\x1a\x1f.hypic.v1.OpenNixlLeaseResponse\x12Y\n\x10ReleaseNixlLease\x12!.hypic.v1.ReleaseNixlLeaseRequest\x1a\".hypic.v1.ReleaseNixlLeaseResponse\x12\x38\n\x05\x43laim\x12\x16.hypic.v1.ClaimRequest\x1a\x17.hypic.v1.ClaimResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.hypic.v1.segcache_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TIER']._serialized_start=2058
-  _globals['_TIER']._serialized_end=2143
+  _globals['_TIER']._serialized_start=2161
+  _globals['_TIER']._serialized_end=2246
   _globals['_ENTRYINFO']._serialized_start=45
   _globals['_ENTRYINFO']._serialized_end=221
   _globals['_LOOKUPREQUEST']._serialized_start=223
@@ -60,29 +60,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATSREQUEST']._serialized_start=861
   _globals['_STATSREQUEST']._serialized_end=875
   _globals['_TIERSTATS']._serialized_start=878
-  _globals['_TIERSTATS']._serialized_end=1079
-  _globals['_STATSRESPONSE']._serialized_start=1082
-  _globals['_STATSRESPONSE']._serialized_end=1275
-  _globals['_NIXLINFOREQUEST']._serialized_start=1277
-  _globals['_NIXLINFOREQUEST']._serialized_end=1294
-  _globals['_NIXLINFORESPONSE']._serialized_start=1296
-  _globals['_NIXLINFORESPONSE']._serialized_end=1410
-  _globals['_OPENNIXLLEASEREQUEST']._serialized_start=1412
-  _globals['_OPENNIXLLEASEREQUEST']._serialized_end=1474
-  _globals['_NIXLDESCRIPTOR']._serialized_start=1476
-  _globals['_NIXLDESCRIPTOR']._serialized_end=1541
-  _globals['_OPENNIXLLEASERESPONSE']._serialized_start=1544
-  _globals['_OPENNIXLLEASERESPONSE']._serialized_end=1746
-  _globals['_RELEASENIXLLEASEREQUEST']._serialized_start=1748
-  _globals['_RELEASENIXLLEASEREQUEST']._serialized_end=1791
-  _globals['_RELEASENIXLLEASERESPONSE']._serialized_start=1793
-  _globals['_RELEASENIXLLEASERESPONSE']._serialized_end=1837
-  _globals['_CLAIMREQUEST']._serialized_start=1839
-  _globals['_CLAIMREQUEST']._serialized_end=1900
-  _globals['_CLAIMRESULT']._serialized_start=1902
-  _globals['_CLAIMRESULT']._serialized_end=1999
-  _globals['_CLAIMRESPONSE']._serialized_start=2001
-  _globals['_CLAIMRESPONSE']._serialized_end=2056
-  _globals['_SEGCACHE']._serialized_start=2146
-  _globals['_SEGCACHE']._serialized_end=2794
+  _globals['_TIERSTATS']._serialized_end=1119
+  _globals['_FORMATSTATS']._serialized_start=1121
+  _globals['_FORMATSTATS']._serialized_end=1182
+  _globals['_STATSRESPONSE']._serialized_start=1185
+  _globals['_STATSRESPONSE']._serialized_end=1378
+  _globals['_NIXLINFOREQUEST']._serialized_start=1380
+  _globals['_NIXLINFOREQUEST']._serialized_end=1397
+  _globals['_NIXLINFORESPONSE']._serialized_start=1399
+  _globals['_NIXLINFORESPONSE']._serialized_end=1513
+  _globals['_OPENNIXLLEASEREQUEST']._serialized_start=1515
+  _globals['_OPENNIXLLEASEREQUEST']._serialized_end=1577
+  _globals['_NIXLDESCRIPTOR']._serialized_start=1579
+  _globals['_NIXLDESCRIPTOR']._serialized_end=1644
+  _globals['_OPENNIXLLEASERESPONSE']._serialized_start=1647
+  _globals['_OPENNIXLLEASERESPONSE']._serialized_end=1849
+  _globals['_RELEASENIXLLEASEREQUEST']._serialized_start=1851
+  _globals['_RELEASENIXLLEASEREQUEST']._serialized_end=1894
+  _globals['_RELEASENIXLLEASERESPONSE']._serialized_start=1896
+  _globals['_RELEASENIXLLEASERESPONSE']._serialized_end=1940
+  _globals['_CLAIMREQUEST']._serialized_start=1942
+  _globals['_CLAIMREQUEST']._serialized_end=2003
+  _globals['_CLAIMRESULT']._serialized_start=2005
+  _globals['_CLAIMRESULT']._serialized_end=2102
+  _globals['_CLAIMRESPONSE']._serialized_start=2104
+  _globals['_CLAIMRESPONSE']._serialized_end=2159
+  _globals['_SEGCACHE']._serialized_start=2249
+  _globals['_SEGCACHE']._serialized_end=2897
 # @@protoc_insertion_point(module_scope)
