@@ -5,7 +5,7 @@ Shared by the store (store.py), its LMDB file (lmdb_file.py) and the NIXL lease 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
@@ -129,16 +129,27 @@ class TierState:
     def name(self) -> str:
         return TIER_NAMES[self.tier]
 
-    def add(self, n: int) -> None:
+    # entry format -> [bytes, entries], kept with bytes and entries (format_totals: the reference)
+    formats: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, n: int, fmt: str = "other") -> None:
+        """An entry of `n` bytes in format `fmt` (Entry.format) joins the tier."""
         self.bytes += n
         self.entries += 1
         if self.bytes > self.peak:
             self.peak = self.bytes
+        acc = self.formats.setdefault(fmt, [0, 0])
+        acc[0] += n
+        acc[1] += 1
 
-    def sub(self, n: int, count: bool = True) -> None:
+    def sub(self, n: int, fmt: str = "other", count: bool = True) -> None:
+        """`n` bytes of format `fmt` leave the tier, and (count) their entry."""
         self.bytes -= n
+        acc = self.formats.setdefault(fmt, [0, 0])
+        acc[0] -= n
         if count:
             self.entries -= 1
+            acc[1] -= 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"tier": self.tier, "name": self.name, "enabled": self.enabled,
@@ -164,13 +175,16 @@ def entry_format(data: Any) -> str:
         header = header_of(data)
     except ForgedEntry:
         return "other"
-    fmt = header.get("format", "fp32" if header.get("version") in (1, 2) else None)
+    if header.get("version") in (1, 2):  # entry.py reads these as fp32 whatever else they say
+        return "fp32"
+    fmt = header.get("format")
     return fmt if fmt in ENTRY_FORMATS else "other"
 
 
 def format_totals(entries: Iterable[Entry]) -> dict[tuple[str, str], list[int]]:
     """(tier name, format) -> [bytes, entries] over indexed entries, counted as TierState counts
-    them (memory tiers: the entry's size; disk: its stored length). Read at scrape time."""
+    them (memory tiers: the entry's size; disk: its stored length), by a scan of the index: the
+    reference for TierState.formats, which the store keeps as entries come and go."""
     out: dict[tuple[str, str], list[int]] = {}
     for e in entries:
         fmt = e.format if e.format in FORMAT_LABELS else "other"

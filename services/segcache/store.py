@@ -39,7 +39,7 @@ from services.segcache.policy import make_policy
 from services.segcache.records import (  # noqa: F401  (re-exported: the store's public names)
     TIER_DEVICE, TIER_DISK, TIER_HOST, TIER_MISS, TIER_NAMES, CacheFull, ChecksumMismatch, CorruptEntry, Entry,
     EntryInfo, EntryTooLarge, HostLease, InvalidRequest, PutResult, SegcacheError, TierState, as_array, checksum,
-    check_entry_size, check_key, entry_format, format_totals,
+    check_entry_size, check_key, entry_format,
 )
 
 log = structlog.get_logger("segcache.store")
@@ -89,7 +89,7 @@ class SegmentStore(HostLeases):
     def _load_index(self, entries: list[Entry], bad: int) -> None:
         for e in entries:
             self._entries[e.key] = e
-            self.disk.add(e.stored_len)
+            self.disk.add(e.stored_len, e.format)
             self._track(e)
         self.corrupt_dropped += bad
         if self.disk.bytes > self.disk.budget:  # the budget shrank since the last run
@@ -140,12 +140,12 @@ class SegmentStore(HostLeases):
         tier.evictions += 1
         if tier is self.device:
             tensor, e.device = e.device, None
-            self.device.sub(e.size)
+            self.device.sub(e.size, e.format)
             host_copy = tensor.cpu().numpy()  # demote: device -> host
             self._place(e, host_copy, TIER_HOST)
         else:
             e.host = None
-            self.host.sub(e.size)
+            self.host.sub(e.size, e.format)
         if not e.on_disk and e.key not in self._pending and e.host is None and e.device is None:
             # Write-behind entry whose only copy was this one: it is gone.
             self._forget(e)
@@ -155,13 +155,13 @@ class SegmentStore(HostLeases):
         if start <= TIER_DEVICE and self.device.enabled and e.device is None and self._make_room(self.device, e.size):
             src = arr if arr.flags.writeable else arr.copy()
             e.device = self._torch.from_numpy(src).to(self._cuda)
-            self.device.add(e.size)
+            self.device.add(e.size, e.format)
             if e.evictable:
                 self.device.policy.add(e.key, e.size, e.cost, e.freq)
             return TIER_DEVICE
         if self.host.enabled and e.host is None and self._make_room(self.host, e.size):
             e.host = arr
-            self.host.add(e.size)
+            self.host.add(e.size, e.format)
             if e.evictable:
                 self.host.policy.add(e.key, e.size, e.cost, e.freq)
             return TIER_HOST
@@ -176,16 +176,16 @@ class SegmentStore(HostLeases):
         self._untrack(e)
         e.deleted = True
         if e.device is not None:
-            self.device.sub(e.size)
+            self.device.sub(e.size, e.format)
             e.device = None
         if e.host is not None:
-            self.host.entries -= 1
+            self.host.sub(0, e.format)  # the entry; its bytes go with its host buffer
             if e.leases == 0:
-                self.host.bytes -= e.size
+                self.host.sub(e.size, e.format, count=False)
                 e.host = None
             # else: a leased host buffer stays alive (and its bytes counted) until release_host
         if e.on_disk:
-            self.disk.sub(e.stored_len)
+            self.disk.sub(e.stored_len, e.format)
         self._pending.pop(e.key, None)
 
     def _disk_victims(self, need: int, *, strict: bool = True) -> list[Entry]:
@@ -270,7 +270,7 @@ class SegmentStore(HostLeases):
                 e.on_disk = self.cfg.write_through
                 self._entries[key] = e
                 if e.on_disk:
-                    self.disk.add(e.stored_len)
+                    self.disk.add(e.stored_len, e.format)
                     if e.evictable:
                         self.disk.policy.add(key, e.stored_len, e.cost, e.freq)
                 else:
@@ -349,7 +349,7 @@ class SegmentStore(HostLeases):
                 self.device.promotions += 1
                 if e.host is not None:  # exclusive tiers: the host copy goes
                     self.host.policy.remove(e.key)
-                    self.host.sub(e.size)
+                    self.host.sub(e.size, e.format)
                     e.host = None
         elif self._place(e, arr, TIER_HOST) != TIER_MISS:
             to.promotions += 1
@@ -433,7 +433,7 @@ class SegmentStore(HostLeases):
                     self._lmdb.commit(deletes=[e])
                     return
                 e.on_disk = True
-                self.disk.add(e.stored_len)
+                self.disk.add(e.stored_len, e.format)
                 if e.evictable:
                     self.disk.policy.add(key, e.stored_len, e.cost, e.freq)
 
@@ -447,7 +447,7 @@ class SegmentStore(HostLeases):
         with self._lock:
             return {
                 "tiers": [t.as_dict() for t in self.tiers],
-                "formats": format_totals(self._entries.values()),  # (tier, format) -> [bytes, entries]
+                "formats": {(t.name, f): list(v) for t in self.tiers for f, v in t.formats.items()},
                 "entries": len(self._entries),
                 "pinned": sum(1 for e in self._entries.values() if e.pinned),
                 "corrupt_dropped": self.corrupt_dropped,

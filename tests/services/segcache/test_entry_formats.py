@@ -18,7 +18,7 @@ from common.engine.pic.seal import seal
 from services.segcache import lmdb_file
 from services.segcache.config import SegcacheConfig
 from services.segcache.metrics import StoreCollector
-from services.segcache.records import FORMAT_LABELS, entry_format
+from services.segcache.records import FORMAT_LABELS, entry_format, format_totals
 from services.segcache.store import SegmentStore
 
 MiB = 1 << 20
@@ -59,13 +59,14 @@ def test_entry_format_reads_the_header():
     assert entry_format(hand_entry({"version": 3, "format": "fp4"})) == "other"  # bounded label
     assert entry_format(hand_entry({"version": 3, "format": ["bf16"]})) == "other"
     assert entry_format(hand_entry({"version": 9})) == "other"
+    assert entry_format(hand_entry({"version": 2, "format": "bf16"})) == "fp32"  # as entry.py reads it
     assert entry_format(b"not an entry at all") == "other"
     assert entry_format(b"HYPE\xff\xff\xff\xff") == "other"
 
 
 def test_metrics_split_each_tier_by_format_and_add_up(tmp_path: Path, fresh_seed):
     rng = random.Random(fresh_seed)
-    cfg = SegcacheConfig(data_dir=tmp_path / "lmdb", lmdb_sync=False, host_bytes=48 << 10, disk_bytes=4 * MiB)
+    cfg = SegcacheConfig(data_dir=tmp_path / "lmdb", lmdb_sync=False, host_bytes=12 << 10, disk_bytes=4 * MiB)
     store = SegmentStore(cfg)
     fmts = {}
     try:
@@ -121,5 +122,45 @@ def test_records_without_the_format_byte_read_it_from_the_header(tmp_path: Path,
     reopened = SegmentStore(cfg)
     try:
         assert reopened.stats()["formats"][("disk", "bf16")][1] == 1
+    finally:
+        reopened.close()
+
+
+def _nonzero(totals: dict) -> dict:
+    return {k: list(v) for k, v in totals.items() if v != [0, 0]}
+
+
+def test_kept_counts_equal_a_scan_of_the_index_under_random_operations(tmp_path: Path, fresh_seed):
+    """TierState.formats (kept as entries come and go) against format_totals (a scan of the index):
+    equal after every put, read (promotions), eviction, delete, pin and unpin, and after a restart."""
+    rng = random.Random(fresh_seed)
+    cfg = SegcacheConfig(data_dir=tmp_path / "lmdb", lmdb_sync=False, host_bytes=12 << 10, disk_bytes=40 << 10)
+    entries = {}
+    for i in range(24):
+        fmt = rng.choice(["fp32", "bf16", "fp8", "junk"])
+        entries[f"k{i}"] = real_entry(fmt, i, n=rng.randrange(4, 300)) if fmt != "junk" else rng.randbytes(5000)
+    store = SegmentStore(cfg)
+    try:
+        for step in range(300):
+            key = rng.choice(list(entries))
+            op = rng.random()
+            if op < 0.45:
+                store.put(key, entries[key], recompute_cost_s=rng.random())
+            elif op < 0.8:
+                store.get(key)
+            elif op < 0.9:
+                store.delete([key])
+            else:
+                store.pin([key], rng.random() < 0.5)
+            with store._lock:
+                assert _nonzero(store.stats()["formats"]) == _nonzero(format_totals(store._entries.values())), step
+        assert store.stats()["tiers"][2]["evictions"] > 0 and store.stats()["tiers"][1]["evictions"] > 0
+        before = _nonzero(store.stats()["formats"])
+    finally:
+        store.close()
+    reopened = SegmentStore(cfg)
+    try:
+        after = _nonzero(reopened.stats()["formats"])
+        assert after == {k: v for k, v in before.items() if k[0] == "disk"}
     finally:
         reopened.close()
