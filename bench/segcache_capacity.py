@@ -1,6 +1,9 @@
 """Hit rate vs host-tier capacity for 1, 2, 4 segcache instances on the RAG trace.
 
-    python -m bench.segcache_capacity [--requests 3000] [--out bench/results]
+    python -m bench.segcache_capacity [--requests 3000] [--out bench/results] [--only capacity|formats]
+
+The second study (bench/segcache_capacity_formats.py: the entry formats at equal budgets) writes
+segcache_capacity_formats.json.
 
 The RAG trace of bench/workloads.py (a Zipf-popular corpus, 4-32 documents per request, cut to
 the prompt budget) is replayed against k simulated host tiers: each document's key is placed on
@@ -91,12 +94,18 @@ def replay(trace: W.Trace, sizes: dict[int, int], n_instances: int, capacity: in
             "held_bytes_max_over_mean": max(held) / max(sum(held) / len(held), 1)}
 
 
-def run(args: argparse.Namespace) -> dict:
-    enc = Encoder(Path(args.model) if args.model else DEFAULT_MODEL)
+def rag(args: argparse.Namespace) -> tuple[list, W.Trace]:
+    """The corpus and the RAG trace of the arguments (the same for every study of this bench)."""
     corpus = W.make_corpus(args.corpus, tuple(args.doc_tokens), seed=args.seed * 1000 + 1)
     pop = W.Popularity(len(corpus), args.zipf_s, seed=args.seed * 1000 + 3)
     trace = W.rag_trace(corpus, args.requests, seed=args.seed * 1000 + 20, k=tuple(args.k),
                         zipf_s=args.zipf_s, max_prompt_tokens=args.max_prompt_tokens, popularity=pop)
+    return corpus, trace
+
+
+def run(args: argparse.Namespace) -> dict:
+    enc = Encoder(Path(args.model) if args.model else DEFAULT_MODEL)
+    corpus, trace = rag(args)
     sizes = {d.id: enc.state_bytes(d.n_tokens) for d in corpus}
     corpus_bytes = sum(sizes.values())
     rows = []
@@ -160,19 +169,33 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--warm", type=int, default=500, help="requests before counting")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--transfer-gbps", type=float, default=None,
+                    help="formats study: read rate for transfer times (default: bench/results/segcache.json's)")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_args(ap)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    ap.add_argument("--only", choices=["capacity", "formats"], default=None,
+                    help="run one study (default: both)")
     args = ap.parse_args(argv)
-    result = run(args)
-    print(table(result))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "segcache_capacity.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(result, args.out / "segcache_capacity.png")
-    print(f"wrote {args.out}/segcache_capacity.json, segcache_capacity.png")
+    result: dict = {}
+    if args.only != "formats":
+        result = run(args)
+        print(table(result))
+        (args.out / "segcache_capacity.json").write_text(json.dumps(result, indent=1) + "\n")
+        plot(result, args.out / "segcache_capacity.png")
+        print(f"wrote {args.out}/segcache_capacity.json, segcache_capacity.png")
+    if args.only != "capacity":
+        from bench.segcache_capacity_formats import run_formats, table_formats
+
+        formats = run_formats(args)
+        print(table_formats(formats))
+        (args.out / "segcache_capacity_formats.json").write_text(json.dumps(formats, indent=1) + "\n")
+        print(f"wrote {args.out}/segcache_capacity_formats.json")
+        result["formats"] = formats
     return result
 
 

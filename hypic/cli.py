@@ -217,7 +217,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     """The router's Info (model path included; `drift`: the shadow monitor's counts and rolling
     figures, docs/drift.md), the front's address when `hypic up` started this router from
-    --data-dir, and each segcache's size (bytes and budget per tier)."""
+    --data-dir, each segcache's size (bytes and budget per tier, bytes and entries per tier per
+    entry format) and each worker's entry format (`entry_formats`)."""
     import hypic
 
     try:
@@ -231,8 +232,40 @@ def cmd_info(args: argparse.Namespace) -> int:
     info["front"] = mesh.get("front")
     info["cache"] = {a: _cache_size(a, creds, args.timeout)
                      for a in info["segcache_address"].split(",") if a.strip()}
+    info["entry_formats"] = _entry_formats(info, creds, args.timeout)
     print(json.dumps(info, indent=2))
     return 0
+
+
+def _entry_formats(info: dict[str, Any], creds: Any, timeout: float) -> dict[str, Any]:
+    """The storage format of T and S each worker uses (--entry-format): what every scatter builds
+    (its Load) and every combine composes (its Info), as each says now ("error: CODE" when one
+    does not answer), and `mixed` when they differ (a combine rebuilds entries of another compact
+    format itself: slower, never lossier)."""
+    import grpc
+
+    from protos.hypic.v1 import combine_pb2 as combine_pb, combine_pb2_grpc as combine_grpc
+    from protos.hypic.v1 import scatter_pb2 as scatter_pb, scatter_pb2_grpc as scatter_grpc
+
+    def ask(address: str, call: Any) -> str:
+        try:
+            with creds.open(address, [], aio=False) as ch:
+                return call(ch).entry_format or "fp32"  # a worker from before formats: fp32
+        except grpc.RpcError as e:
+            return f"error: {e.code().name if hasattr(e, 'code') else e}"
+        except ValueError as e:  # an address the channel cannot open (a dns:/// target)
+            return f"error: {e}"
+
+    md = creds.metadata()
+    out: dict[str, Any] = {
+        "scatter": {a: ask(a, lambda ch: scatter_grpc.ScatterStub(ch).Load(
+            scatter_pb.LoadRequest(), timeout=timeout, metadata=md)) for a in info["scatter_addresses"]},
+        "combine": {a: ask(a, lambda ch: combine_grpc.CombineStub(ch).Info(
+            combine_pb.CombineInfoRequest(), timeout=timeout, metadata=md)) for a in info["combine_addresses"]},
+    }
+    seen = {f for side in ("scatter", "combine") for f in out[side].values() if not f.startswith("error")}
+    out["mixed"] = len(seen) > 1
+    return out
 
 
 def _local_mesh(data_dir: Path, router_address: str) -> dict[str, Any]:
@@ -260,7 +293,8 @@ def _cache_size(address: str, creds: Any, timeout: float) -> dict[str, Any]:
     except ValueError as e:  # an address the channel cannot open (a dns:/// target)
         return {"error": str(e)}
     tiers = {segcache_pb.Tier.Name(t.tier).removeprefix("TIER_").lower():
-             {"bytes": t.bytes, "budget_bytes": t.budget_bytes, "entries": t.entries}
+             {"bytes": t.bytes, "budget_bytes": t.budget_bytes, "entries": t.entries,
+              "formats": {f.format: {"bytes": f.bytes, "entries": f.entries} for f in t.formats}}
              for t in r.tiers if t.enabled}
     return {"entries": r.entries, "tiers": tiers}
 

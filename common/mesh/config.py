@@ -235,8 +235,8 @@ class WorkerConfig(ServiceConfig):
     threads: int = dataclasses.field(default=0, metadata=field_help("torch intra-op threads; 0 = torch's default"))
     entry_key_file: Optional[Path] = dataclasses.field(default=None, metadata=field_help(ENTRY_KEY_HELP))
     entry_format: str = dataclasses.field(default="fp32", metadata=field_help(
-        "storage of entries' T and S: " + " | ".join(ENTRY_FORMATS) + " (every worker of a mesh the same; an entry "
-        "in another format is rebuilt)"))
+        "storage of entries' T and S: " + " | ".join(ENTRY_FORMATS) + " (every worker of a mesh the same; a combine "
+        "rounds an fp32 entry to its format and rebuilds an entry of another compact format itself)"))
 
     def check_worker(self) -> None:
         """check_server(), then: a model given (as a Path), a served dtype, threads >= 0

@@ -11,6 +11,12 @@ fails for a reason another source could cure:
                        -> on an error / bad entry everywhere: built on this worker
     SOURCE_LOCAL    -> built on this worker
 
+Formats (--entry-format, common/engine/pic/compact.py): an fp32 entry is rounded to this
+combine's compact format where it arrives (what a builder of that format writes); a compact entry
+of another format is never composed: it is dropped from segcache and the segment is built here,
+not on the scatter workers (a mesh's workers share one format: they would all build it again),
+so that the next request finds this combine's entry in segcache instead of rebuilding again.
+
 Every remote call carries the request id (x-request-id) and the time left of the Execute
 deadline; when no time is left the task raises DeadlineExceeded.
 """
@@ -148,6 +154,28 @@ def check_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
         raise BadEntry("mismatch", str(e)) from None
 
 
+def check_device_entry(entry: SegmentEntry, ctx: RequestCtx, ids: list[int]) -> None:
+    """check_entry for an entry read by CUDA IPC, which is composed as it is: one in another format
+    than this combine's fails here, and the host path that follows applies in_expected_format."""
+    if entry.format != ctx.engine.entry_format:
+        raise BadEntry("format", f"entry stored in {entry.format}, this combine composes {ctx.engine.entry_format}")
+    check_entry(entry, ctx, ids)
+
+
+def in_expected_format(entry: SegmentEntry, expected: str) -> SegmentEntry:
+    """The entry in the format this combine composes with (its --entry-format). An fp32 entry is
+    rounded to a compact one here: exactly the entry a builder of that format writes (it rounds
+    its fp32 build the same way, SegmentEntry.with_format). A compact entry is never widened into
+    another format (its lost bits would pass for exact ones): BadEntry "format", then a rebuild."""
+    if entry.format == expected:
+        return entry
+    if entry.format != "fp32":
+        raise BadEntry("format", f"entry stored in {entry.format}, this combine composes {expected} entries "
+                       "(--entry-format: every worker of a mesh the same)")
+    m.FORMAT_CONVERTED.labels(entry.format, expected).inc()
+    return entry.with_format(expected)
+
+
 def _open_and_parse(sealed, key: str, secret: bytes) -> SegmentEntry:
     """One check per byte, where it lands: the seal (its tag covers every byte); the entry's tensors
     are then views of the received buffer (a fresh one per read), not copies."""
@@ -166,12 +194,24 @@ async def parse_entry(data, ctx: RequestCtx, key: str, ids: list[int]) -> Segmen
     secret, its header names `key`, and it fits the plan; BadEntry otherwise. Returned placed on the
     engine's device (T, S fp32; the rest in the model's dtype: common.engine.pic.placement)."""
     entry = await asyncio.to_thread(_open_and_parse, data, key, ctx.secret)
+    if entry.format != ctx.engine.entry_format:
+        entry = await asyncio.to_thread(in_expected_format, entry, ctx.engine.entry_format)
     check_entry(entry, ctx, ids)
     return await asyncio.to_thread(place_for_engine, entry, ctx.engine)
 
 
-# Reasons an entry from segcache is dropped there: it would fail everyone who reads it.
-DROP_REASONS = ("forged", "corrupt", "mismatch")
+# Reasons an entry from segcache is dropped there: it would fail everyone who reads it ("format":
+# every combine of a mesh composes one format; the one that reads it rebuilds and stores its own).
+DROP_REASONS = ("forged", "corrupt", "mismatch", "format")
+
+
+class WrongFormat:
+    """What a fetch returns when the entry it got is in a format this combine cannot compose:
+    built by a scatter of another --entry-format. The segment is then built here, not on the
+    next scatter worker (the mesh's workers share one format: they would all build it again)."""
+
+
+WRONG_FORMAT = WrongFormat()
 
 
 async def drop_from_segcache(ctx: RequestCtx, client: SegcacheClient, key: str, reason: str) -> None:
@@ -241,8 +281,9 @@ async def wait_for_entry(ctx: RequestCtx, key: str, wait_s: float) -> segcache_p
 
 
 async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
-                         info_now: segcache_pb.EntryInfo | None = None) -> Acquired | None:
-    """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere).
+                         info_now: segcache_pb.EntryInfo | None = None) -> Acquired | WrongFormat | None:
+    """The entry from segcache, or None (miss or failure: logged, counted, rebuilt elsewhere;
+    WRONG_FORMAT when the failure is the entry's format).
     info_now: a Lookup answer newer than the request's batched one (after a wait)."""
     assert ctx.segcache_address
     addr = ctx.segcache_for(key)
@@ -266,7 +307,7 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
                 raise BadEntry("miss", "not cached")
         if place is not None and (info is None or info.tier == segcache_pb.TIER_DEVICE):
             # in segcache's GPU memory: a CUDA IPC handle when it is our GPU (device_fetch.py)
-            hit = await fetch_at_place(client, key, place, ctx.engine, lambda e: check_entry(e, ctx, ids),
+            hit = await fetch_at_place(client, key, place, ctx.engine, lambda e: check_device_entry(e, ctx, ids),
                                        request_id=ctx.request_id, spawn=ctx.spawn,
                                        timeout=ctx.deadline.left(ctx.cfg.segcache_timeout_s))
             if hit is None:
@@ -309,7 +350,7 @@ async def fetch_segcache(ctx: RequestCtx, i: int, key: str, ids: list[int],
             "segcache fetch failed, rebuilding", index=i, key=key, segcache=addr, reason=reason,
             error=_describe(e))
         ctx.deadline.left()
-        return None
+        return WRONG_FORMAT if reason == "format" else None
     fetch_s = time.perf_counter() - t0
     m.STAGE_SECONDS.labels("fetch").observe(fetch_s)
     return Acquired(i, entry, combine_pb.SOURCE_SEGCACHE, fetch_s, time.perf_counter(), tier=tier,
@@ -327,8 +368,9 @@ async def _drain(call: Any) -> None:
 
 
 async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: list[int],
-                           t0: float) -> Acquired | None:
-    """The entry built by the scatter worker at `addr`, or None (failure: logged, counted)."""
+                           t0: float) -> Acquired | WrongFormat | None:
+    """The entry built by the scatter worker at `addr`, or None (failure: logged, counted;
+    WRONG_FORMAT when the failure is the entry's format)."""
     channel, stub = ctx.peers.scatter(addr)
     call = None
     try:
@@ -368,7 +410,7 @@ async def build_on_scatter(ctx: RequestCtx, i: int, addr: str, key: str, ids: li
         log.warning("scatter build failed, trying elsewhere", index=i, key=key, scatter=addr,
                     reason=_reason(e), error=_describe(e))
         ctx.deadline.left()
-        return None
+        return WRONG_FORMAT if _reason(e) == "format" else None
     ctx.spawn(_drain(call))
     fetch_s = time.perf_counter() - t0
     m.STAGE_SECONDS.labels("build").observe(fetch_s)
@@ -424,19 +466,22 @@ async def acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -
 
 async def _acquire(ctx: RequestCtx, i: int, seg: Any, key: str, ids: list[int]) -> Acquired:
     t0 = time.perf_counter()
+    got = None
     if seg.source == combine_pb.SOURCE_SEGCACHE and ctx.segcache_address:
         info_now = None
         if seg.wait_s > 0:  # being built by another request (a build claim): wait for it
             info_now = await wait_for_entry(ctx, key, seg.wait_s)
         if seg.wait_s <= 0 or info_now is not None:
             got = await fetch_segcache(ctx, i, key, ids, info_now)
-            if got is not None:
+            if isinstance(got, Acquired):
                 return got
     addrs = ctx.scatter_addresses
-    if seg.source != combine_pb.SOURCE_LOCAL and addrs:
+    if seg.source != combine_pb.SOURCE_LOCAL and addrs and got is not WRONG_FORMAT:
         first = seg.worker if seg.worker < len(addrs) else i % len(addrs)
         for k in range(len(addrs)):
             got = await build_on_scatter(ctx, i, addrs[(first + k) % len(addrs)], key, ids, t0)
-            if got is not None:
+            if isinstance(got, Acquired):
                 return got
+            if got is WRONG_FORMAT:
+                break
     return await build_local(ctx, i, key, ids, t0)

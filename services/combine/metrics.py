@@ -26,7 +26,8 @@ FALLBACKS = Counter("hypic_combine_fallbacks", "Fetches or builds that failed an
 # order: segment (each segment once it and those before it are in hand) | layer (one layer-major
 # pass once every entry is in) | mixed (one layer-major pass over the plan's leading run of hits,
 # then segment by segment); hypic and additive requests only.
-# reason: forged (seal or identity), corrupt (does not parse), mismatch (does not fit the model).
+# reason: forged (seal or identity), corrupt (does not parse), mismatch (does not fit the model),
+# format (a compact entry of another format than this combine's --entry-format).
 DROPPED = Counter("hypic_combine_entries_dropped", "Entries from segcache refused and deleted there",
                   ["reason"])
 COMPOSITIONS = Counter("hypic_combine_compositions", "Prompt states composed from entries, by order",
@@ -36,3 +37,6 @@ TOKENS = Counter("hypic_combine_generated_tokens", "Tokens generated")
 IN_FLIGHT = Gauge("hypic_combine_in_flight", "Execute calls in progress")
 # outcome: computed | busy (refused: serving requests or another shadow) | invalid | error
 SHADOWS = Counter("hypic_combine_shadows", "Shadow recomputes (issue 26) by outcome", ["outcome"])
+# fp32 entries rounded to this combine's compact --entry-format on arrival (instead of a rebuild)
+FORMAT_CONVERTED = Counter("hypic_combine_entries_converted", "Entries converted to this combine's entry format",
+                           ["stored", "expected"])

@@ -170,7 +170,8 @@ class CombineServicer(ShadowRPC, combine_grpc.CombineServicer):  # + Shadow (ser
     async def Info(self, request: combine_pb.CombineInfoRequest, context) -> combine_pb.CombineInfoResponse:
         return combine_pb.CombineInfoResponse(model_type=self.engine.model_type,
                                       model_fingerprint=self.engine.fingerprint,
-                                      dtype=self.dtype, in_flight=self.in_flight)
+                                      dtype=self.dtype, in_flight=self.in_flight,
+                                      entry_format=self.engine.entry_format)
 
     async def Execute(self, plan: combine_pb.Plan, context):
         """Run a plan (docs/combine.md): its events, or a status. The stages are in _run."""

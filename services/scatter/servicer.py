@@ -237,4 +237,4 @@ class ScatterServicer(scatter_grpc.ScatterServicer):
         return scatter_pb.LoadResponse(
             in_flight=len(self.pending),
             queued_tokens=float(sum(len(f.token_ids) for f in self.pending.values())),
-            worker=self.worker, model_fingerprint=self.engine.fingerprint)
+            worker=self.worker, model_fingerprint=self.engine.fingerprint, entry_format=self.engine.entry_format)

@@ -69,7 +69,7 @@ class HostLeases:
             if e.leases == 0:
                 if e.deleted:
                     if e.host is not None:  # the deleted entry's host buffer is freed now
-                        self.host.sub(e.size, count=False)
+                        self.host.sub(e.size, e.format, count=False)
                         e.host = None
                 elif self._entries.get(e.key) is e:
                     self._track(e)

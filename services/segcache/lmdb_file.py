@@ -2,7 +2,7 @@
 
 LMDB holds two databases, written in one transaction per commit:
   data: key -> 32-byte header (magic "HSC1", version, payload length, XXH3-128 digest, common/engine/checksum.py) + payload
-  meta: key -> size, recompute cost, token count, pin flag, digest, model fingerprint, and (format
+  meta: key -> size, recompute cost, token count, pin flag, entry format, digest, model fingerprint, and (format
         2) a blake2b-64 of the key and all of that, so that a damaged record is dropped alone
         instead of being believed (a flipped size bit once drove the eviction of 42 good entries)
 The index is rebuilt from `meta` at start (`LmdbFile.open_checked`). Bytes read back are verified
@@ -25,16 +25,20 @@ import structlog
 
 from services.segcache.config import SegcacheConfig
 from services.segcache.lmdb_check import damage, move_aside
-from services.segcache.records import HEADER_BYTES, CacheFull, CorruptEntry, Entry, checksum
+from services.segcache.records import HEADER_BYTES, CacheFull, CorruptEntry, Entry, checksum, entry_format
 
 MAGIC = b"HSC1"
 FORMAT_VERSION = 2  # 2: XXH3-128 digests (common.engine.checksum); version 1 (blake2b) records read as corrupt
 # magic, version, flags, payload length, digest
 HEADER = struct.Struct("<4sHHQ16s")
 assert HEADER.size == HEADER_BYTES
-# version, flags (bit 0: pinned), pad, token count, size, recompute cost, digest; fingerprint follows
-META = struct.Struct("<BBxxIQd16s")
+# version, flags (bit 0: pinned), entry format code, pad, token count, size, recompute cost, digest;
+# fingerprint follows. The format byte was padding before (0 there: not recorded, read from the
+# entry's header at start); readers that predate it skip it, and the record digest covers it.
+META = struct.Struct("<BBBxIQd16s")
 META_PINNED = 1
+FORMAT_CODES = {"fp32": 1, "bf16": 2, "fp8": 3, "other": 255}  # a new format needs a new code here
+FORMAT_OF_CODE = {c: f for f, c in FORMAT_CODES.items()}
 META_VERSION = 2  # format 1 records (no checksum) are still read
 META_DIGEST_BYTES = 8
 
@@ -48,7 +52,8 @@ def _meta_digest(key: str, body: bytes) -> bytes:
 
 def encode_meta(e: Entry) -> bytes:
     flags = META_PINNED if e.pinned else 0
-    body = META.pack(META_VERSION, flags, e.tokens, e.size, e.cost, e.digest) + e.fingerprint.encode()
+    code = FORMAT_CODES.get(e.format, FORMAT_CODES["other"])
+    body = META.pack(META_VERSION, flags, code, e.tokens, e.size, e.cost, e.digest) + e.fingerprint.encode()
     return body + _meta_digest(e.key, body)
 
 
@@ -56,7 +61,7 @@ def decode_meta(key: str, raw: bytes) -> Entry:
     raw = bytes(raw)
     if len(raw) < META.size:
         raise CorruptEntry("short meta record")
-    version, flags, tokens, size, cost, digest = META.unpack_from(raw)
+    version, flags, code, tokens, size, cost, digest = META.unpack_from(raw)
     if version == META_VERSION:
         body, check = raw[:-META_DIGEST_BYTES], raw[-META_DIGEST_BYTES:]
         if len(body) < META.size or _meta_digest(key, body) != check:
@@ -69,7 +74,7 @@ def decode_meta(key: str, raw: bytes) -> Entry:
         raise CorruptEntry("bad meta record")
     fp = body[META.size:].decode("utf-8")
     return Entry(key=key, size=size, cost=cost, tokens=tokens, fingerprint=fp, digest=digest,
-                 pinned=bool(flags & META_PINNED), on_disk=True)
+                 pinned=bool(flags & META_PINNED), on_disk=True, format=FORMAT_OF_CODE.get(code, ""))
 
 
 def payload_buffer(size: int) -> np.ndarray:
@@ -176,6 +181,7 @@ class LmdbFile:
                 entries[e.key] = e
             orphans = [bytes(k) for k in txn.cursor(db=self.data_db).iternext(keys=True, values=False)
                        if bytes(k).decode("utf-8", "replace") not in entries]
+        self._read_formats([e for e in entries.values() if not e.format])
         if bad or orphans:
             with self.env.begin(write=True) as txn:
                 for kb in bad + orphans:
@@ -183,6 +189,14 @@ class LmdbFile:
                     txn.delete(kb, db=self.data_db)
             log.warning("dropped unreadable records at start", bad_meta=len(bad), orphans=len(orphans))
         return list(entries.values()), len(bad)
+
+    def _read_formats(self, entries: Sequence[Entry]) -> None:
+        """The format of entries whose meta record predates the format byte, from the header of
+        their bytes (a zero-copy view: only the header's pages are touched)."""
+        with self.env.begin(db=self.data_db, buffers=True) as txn:
+            for e in entries:
+                buf = txn.get(e.key.encode())
+                e.format = entry_format(memoryview(buf)[HEADER.size:]) if buf is not None else "other"
 
     def commit(self, puts: Sequence[tuple[Entry, np.ndarray]] = (),
                deletes: Iterable[Entry] = (), meta_only: Sequence[Entry] = ()) -> None:

@@ -12,6 +12,7 @@ from prometheus_client import Counter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from services.segcache.records import FORMAT_LABELS
 from services.segcache.store import SegmentStore
 
 
@@ -36,6 +37,7 @@ class StoreCollector(Collector):
             for name, fam in fams.items():
                 fam.add_metric([t["name"]], t[name])
         yield from fams.values()
+        yield from _format_families(s)
         lk = CounterMetricFamily("hypic_segcache_lookups", "Lookup answers by tier", labels=["tier"])
         for tier, n in s["lookup_hits"].items():
             lk.add_metric([tier], n)
@@ -46,6 +48,24 @@ class StoreCollector(Collector):
         yield GaugeMetricFamily("hypic_segcache_leases_active", "Open NIXL leases", value=self.leases_active())
         yield GaugeMetricFamily("hypic_segcache_pending_writes", "Write-behind entries not yet in LMDB",
                                 value=s["pending_writes"])
+
+
+def _format_families(stats: dict) -> Iterator:
+    """Bytes and entries per tier per entry format (every known format and "other", zeros
+    included, on every enabled tier: a steady set of series)."""
+    fb = GaugeMetricFamily("hypic_segcache_format_bytes", "Bytes held by a tier in entries of a storage "
+                           "format (the entry header's; other: unknown or not an entry)", labels=["tier", "format"])
+    fe = GaugeMetricFamily("hypic_segcache_format_entries", "Entries held by a tier in a storage format",
+                           labels=["tier", "format"])
+    for t in stats["tiers"]:
+        if not t["enabled"]:
+            continue
+        for fmt in FORMAT_LABELS:
+            nbytes, n = stats["formats"].get((t["name"], fmt), (0, 0))
+            fb.add_metric([t["name"], fmt], nbytes)
+            fe.add_metric([t["name"], fmt], n)
+    yield fb
+    yield fe
 
 
 # reason: forged (not a sealed entry for its key), budget (in-flight upload bytes over budget),

@@ -5,14 +5,16 @@ Shared by the store (store.py), its LMDB file (lmdb_file.py) and the NIXL lease 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Iterable
 
 import numpy as np
 
 from services.segcache.policy import Policy
 
 from common.engine.checksum import DIGEST_BYTES, checksum  # noqa: F401  (the one checksum; re-exported)
+from common.engine.dtypes import ENTRY_FORMATS
+from common.engine.pic.seal import ForgedEntry, header_of
 
 TIER_MISS, TIER_DEVICE, TIER_HOST, TIER_DISK = 0, 1, 2, 3
 TIER_NAMES = {TIER_MISS: "miss", TIER_DEVICE: "device", TIER_HOST: "host", TIER_DISK: "disk"}
@@ -84,6 +86,7 @@ class Entry:
     device: Any = None  # torch.Tensor on the GPU
     on_disk: bool = False
     deleted: bool = False
+    format: str = "other"  # storage format of the entry's T and S, from its header (entry_format)
 
     @property
     def stored_len(self) -> int:
@@ -126,16 +129,27 @@ class TierState:
     def name(self) -> str:
         return TIER_NAMES[self.tier]
 
-    def add(self, n: int) -> None:
+    # entry format -> [bytes, entries], kept with bytes and entries (format_totals: the reference)
+    formats: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, n: int, fmt: str = "other") -> None:
+        """An entry of `n` bytes in format `fmt` (Entry.format) joins the tier."""
         self.bytes += n
         self.entries += 1
         if self.bytes > self.peak:
             self.peak = self.bytes
+        acc = self.formats.setdefault(fmt, [0, 0])
+        acc[0] += n
+        acc[1] += 1
 
-    def sub(self, n: int, count: bool = True) -> None:
+    def sub(self, n: int, fmt: str = "other", count: bool = True) -> None:
+        """`n` bytes of format `fmt` leave the tier, and (count) their entry."""
         self.bytes -= n
+        acc = self.formats.setdefault(fmt, [0, 0])
+        acc[0] -= n
         if count:
             self.entries -= 1
+            acc[1] -= 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"tier": self.tier, "name": self.name, "enabled": self.enabled,
@@ -143,6 +157,44 @@ class TierState:
                 "peak_bytes": self.peak, "entries": self.entries, "hits": self.hits,
                 "misses": self.misses, "evictions": self.evictions,
                 "promotions": self.promotions}
+
+
+# ---- entry formats --------------------------------------------------------------------------
+# The metrics' format label: a format this segcache knows, else "other" (a bounded label set,
+# whatever a writer sends).
+FORMAT_LABELS = (*ENTRY_FORMATS, "other")
+
+
+def entry_format(data: Any) -> str:
+    """The storage format an entry's bytes name in their header (common/engine/pic/entry.py):
+    its "format" field; "fp32" for the versions written before formats existed (1, 2), which
+    have none; "other" for a format this segcache does not know, or bytes that are no entry.
+    Read from the header, not from a Put field: the header is what a combine parses, and the seal
+    that segcache checks on Put (when it has the mesh's secret) covers it."""
+    try:
+        header = header_of(data)
+    except ForgedEntry:
+        return "other"
+    if header.get("version") in (1, 2):  # entry.py reads these as fp32 whatever else they say
+        return "fp32"
+    fmt = header.get("format")
+    return fmt if fmt in ENTRY_FORMATS else "other"
+
+
+def format_totals(entries: Iterable[Entry]) -> dict[tuple[str, str], list[int]]:
+    """(tier name, format) -> [bytes, entries] over indexed entries, counted as TierState counts
+    them (memory tiers: the entry's size; disk: its stored length), by a scan of the index: the
+    reference for TierState.formats, which the store keeps as entries come and go."""
+    out: dict[tuple[str, str], list[int]] = {}
+    for e in entries:
+        fmt = e.format if e.format in FORMAT_LABELS else "other"
+        for tier, held, n in (("device", e.device is not None, e.size), ("host", e.host is not None, e.size),
+                              ("disk", e.on_disk, e.stored_len)):
+            if held:
+                acc = out.setdefault((tier, fmt), [0, 0])
+                acc[0] += n
+                acc[1] += 1
+    return out
 
 
 def as_array(data: Any) -> np.ndarray:

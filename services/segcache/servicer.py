@@ -288,7 +288,10 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
         tiers = [segcache_pb.TierStats(tier=t["tier"], enabled=t["enabled"], budget_bytes=t["budget_bytes"],
                               bytes=t["bytes"], peak_bytes=t["peak_bytes"], entries=t["entries"],
                               hits=t["hits"], misses=t["misses"], evictions=t["evictions"],
-                              promotions=t["promotions"]) for t in s["tiers"]]
+                              promotions=t["promotions"],
+                              formats=[segcache_pb.FormatStats(format=fmt, bytes=b, entries=n)
+                                       for (tier, fmt), (b, n) in sorted(s["formats"].items()) if tier == t["name"]])
+                 for t in s["tiers"]]
         return segcache_pb.StatsResponse(tiers=tiers, entries=s["entries"], pinned=s["pinned"],
                                 corrupt_dropped=s["corrupt_dropped"], policy=s["policy"],
                                 nixl_available=self.leases.available,

@@ -40,7 +40,7 @@ from services.segcache.policy import make_policy
 from services.segcache.records import (  # noqa: F401  (re-exported: the store's public names)
     TIER_DEVICE, TIER_DISK, TIER_HOST, TIER_MISS, TIER_NAMES, CacheFull, ChecksumMismatch, CorruptEntry, Entry,
     EntryInfo, EntryTooLarge, HostLease, InvalidRequest, PutResult, SegcacheError, TierState, as_array, checksum,
-    check_entry_size, check_key,
+    check_entry_size, check_key, entry_format,
 )
 
 log = structlog.get_logger("segcache.store")
@@ -91,7 +91,7 @@ class SegmentStore(HostLeases, DeviceLeases):
     def _load_index(self, entries: list[Entry], bad: int) -> None:
         for e in entries:
             self._entries[e.key] = e
-            self.disk.add(e.stored_len)
+            self.disk.add(e.stored_len, e.format)
             self._track(e)
         self.corrupt_dropped += bad
         if self.disk.bytes > self.disk.budget:  # the budget shrank since the last run
@@ -142,12 +142,12 @@ class SegmentStore(HostLeases, DeviceLeases):
         tier.evictions += 1
         if tier is self.device:
             tensor, e.device = e.device, None
-            self.device.sub(e.size)
+            self.device.sub(e.size, e.format)
             host_copy = tensor.cpu().numpy()  # demote: device -> host
             self._place(e, host_copy, TIER_HOST)
         else:
             e.host = None
-            self.host.sub(e.size)
+            self.host.sub(e.size, e.format)
         if not e.on_disk and e.key not in self._pending and e.host is None and e.device is None:
             # Write-behind entry whose only copy was this one: it is gone.
             self._forget(e)
@@ -157,13 +157,13 @@ class SegmentStore(HostLeases, DeviceLeases):
         if start <= TIER_DEVICE and self.device.enabled and e.device is None and self._make_room(self.device, e.size):
             src = arr if arr.flags.writeable else arr.copy()
             e.device = self._torch.from_numpy(src).to(self._cuda)
-            self.device.add(e.size)
+            self.device.add(e.size, e.format)
             if e.evictable:
                 self.device.policy.add(e.key, e.size, e.cost, e.freq)
             return TIER_DEVICE
         if self.host.enabled and e.host is None and self._make_room(self.host, e.size):
             e.host = arr
-            self.host.add(e.size)
+            self.host.add(e.size, e.format)
             if e.evictable:
                 self.host.policy.add(e.key, e.size, e.cost, e.freq)
             return TIER_HOST
@@ -178,16 +178,16 @@ class SegmentStore(HostLeases, DeviceLeases):
         self._untrack(e)
         e.deleted = True
         if e.device is not None:
-            self.device.sub(e.size)
+            self.device.sub(e.size, e.format)
             e.device = None
         if e.host is not None:
-            self.host.entries -= 1
+            self.host.sub(0, e.format)  # the entry; its bytes go with its host buffer
             if e.leases == 0:
-                self.host.bytes -= e.size
+                self.host.sub(e.size, e.format, count=False)
                 e.host = None
             # else: a leased host buffer stays alive (and its bytes counted) until release_host
         if e.on_disk:
-            self.disk.sub(e.stored_len)
+            self.disk.sub(e.stored_len, e.format)
         self._pending.pop(e.key, None)
 
     def _disk_victims(self, need: int, *, strict: bool = True) -> list[Entry]:
@@ -256,7 +256,7 @@ class SegmentStore(HostLeases, DeviceLeases):
         if expected_checksum and expected_checksum != digest:
             raise ChecksumMismatch("payload does not match the writer's checksum")
         e = Entry(key=key, size=arr.nbytes, cost=float(recompute_cost_s), tokens=int(token_count),
-                  fingerprint=model_fingerprint, digest=digest, pinned=pin)
+                  fingerprint=model_fingerprint, digest=digest, pinned=pin, format=entry_format(arr))
         with self._wlock:
             with self._lock:
                 old = self._entries.get(key)
@@ -272,7 +272,7 @@ class SegmentStore(HostLeases, DeviceLeases):
                 e.on_disk = self.cfg.write_through
                 self._entries[key] = e
                 if e.on_disk:
-                    self.disk.add(e.stored_len)
+                    self.disk.add(e.stored_len, e.format)
                     if e.evictable:
                         self.disk.policy.add(key, e.stored_len, e.cost, e.freq)
                 else:
@@ -351,7 +351,7 @@ class SegmentStore(HostLeases, DeviceLeases):
                 self.device.promotions += 1
                 if e.host is not None:  # exclusive tiers: the host copy goes
                     self.host.policy.remove(e.key)
-                    self.host.sub(e.size)
+                    self.host.sub(e.size, e.format)
                     e.host = None
         elif self._place(e, arr, TIER_HOST) != TIER_MISS:
             to.promotions += 1
@@ -435,7 +435,7 @@ class SegmentStore(HostLeases, DeviceLeases):
                     self._lmdb.commit(deletes=[e])
                     return
                 e.on_disk = True
-                self.disk.add(e.stored_len)
+                self.disk.add(e.stored_len, e.format)
                 if e.evictable:
                     self.disk.policy.add(key, e.stored_len, e.cost, e.freq)
 
@@ -449,6 +449,7 @@ class SegmentStore(HostLeases, DeviceLeases):
         with self._lock:
             return {
                 "tiers": [t.as_dict() for t in self.tiers],
+                "formats": {(t.name, f): list(v) for t in self.tiers for f, v in t.formats.items()},
                 "entries": len(self._entries),
                 "pinned": sum(1 for e in self._entries.values() if e.pinned),
                 "corrupt_dropped": self.corrupt_dropped,

@@ -39,3 +39,45 @@ def test_sim_tier_matches_segment_store(tmp_path, fresh_seed, policy):
     assert 0 < sum(real) < len(real)  # the budget mattered
     first = next((i for i, (a, b) in enumerate(zip(real, simulated)) if a != b), None)
     assert first is None, f"diverged at access {first} ({trace[first]})"
+
+
+def test_format_study_replay_agrees_with_the_capacity_replay(fresh_seed):
+    """replay_costs (the formats study) counts hits as replay (the capacity curves) does, and the
+    bytes a request moves are exactly its hits' entry bytes."""
+    from bench import workloads as W
+    from bench.segcache_capacity import replay
+    from bench.segcache_capacity_formats import replay_costs
+
+    rng = random.Random(fresh_seed)
+    corpus = W.make_corpus(40, (64, 512), seed=fresh_seed)
+    trace = W.rag_trace(corpus, 300, seed=fresh_seed + 1, k=(2, 8), max_prompt_tokens=2048)
+    sizes = {d.id: rng.randrange(1_000, 50_000) for d in corpus}
+    capacity = sum(sizes.values()) // 4
+    ours, theirs = replay_costs(trace, sizes, capacity, 50), replay(trace, sizes, 1, capacity, 50)
+    assert 0 < ours["hit_rate"] < 1
+    assert ours["hit_rate"] == theirs["hit_rate"] and ours["token_hit_rate"] == theirs["token_hit_rate"]
+    assert replay_costs(trace, {d: 1 for d in sizes}, capacity, 50)["hit_bytes_per_request"] > 0
+    everything = replay_costs(trace, sizes, sum(sizes.values()), 50)  # cold misses only after warm-up
+    counted = [r for r in trace.requests if r.index >= 50]
+    assert everything["hit_bytes_per_request"] <= sum(sizes[d] for r in counted for d in r.doc_ids) / len(counted)
+
+
+def test_bundled_entry_sizes_are_affine_in_tokens_per_format(tmp_path):
+    """The formats study's entry model (linear part + bytes per token, fitted on two lengths of
+    real entries) predicts the bytes of a real entry of a third length, in every format; compact
+    formats shrink only the linear part."""
+    from bench.segcache_capacity_formats import SEAM, bundled_entries, entry_size
+    from common.engine.dtypes import ENTRY_FORMATS
+    from common.engine.hybrid_engine import HybridEngine
+    from tests.support.tiny import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model")
+    fitted = bundled_entries(model, reps=1, lengths=(24, 96))
+    engine = HybridEngine.for_worker(model, "float32", "cpu")
+    entry = engine.build_entry(list(range(1, 61)), SEAM)
+    for f in ENTRY_FORMATS:
+        real = len(entry.with_format(f).to_bytes())
+        assert abs(entry_size(fitted, f, 60) - real) <= 0.01 * real, (f, entry_size(fitted, f, 60), real)
+        assert abs(fitted[f]["per_token"] - fitted["fp32"]["per_token"]) < 1
+    assert fitted["fp8"]["linear"] < fitted["bf16"]["linear"] < fitted["fp32"]["linear"]
+    assert all(fitted[f]["parse_s_per_byte"] > 0 for f in ENTRY_FORMATS)  # (build time: too noisy to test)

@@ -363,3 +363,23 @@ def test_cli_generate_says_how_it_was_served(full_mesh, capsys) -> None:
     assert out["timings"]["served_mode"] == "full" and out["timings"]["recomputed"] == 1
     assert main(args) == 0
     assert "0 cached {}, 1 built, 0 recomputed), hypic seam 8," in capsys.readouterr().err
+
+
+@pytest.mark.processes
+def test_cli_info_shows_each_workers_entry_format_and_the_cache_by_format(full_mesh, capsys) -> None:
+    """`hypic info`: the format each scatter builds and each combine composes, as they say it
+    now, and each segcache tier's bytes and entries per format (the entries scatter stored)."""
+    from hypic.cli import main
+
+    with hypic.Client(full_mesh.router_address, timeout=60) as c:
+        c.generate(segments=[[61, 62, 63, 64, 65, 66, 67, 68, 69, 70]], query="gina likes", max_tokens=1,
+                   stream=False)
+    time.sleep(0.5)  # scatter's store ends after the answer
+    assert main(["info", "--address", full_mesh.router_address]) == 0
+    info = json.loads(capsys.readouterr().out)
+    formats = info["entry_formats"]
+    assert formats == {"scatter": {full_mesh["scatter0"].address: "fp32"},
+                       "combine": {full_mesh["combine0"].address: "fp32"}, "mixed": False}
+    [cache] = info["cache"].values()
+    disk = cache["tiers"]["disk"]
+    assert disk["entries"] >= 1 and disk["formats"] == {"fp32": {"bytes": disk["bytes"], "entries": disk["entries"]}}

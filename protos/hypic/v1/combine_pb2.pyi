@@ -108,16 +108,18 @@ class CombineInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CombineInfoResponse(_message.Message):
-    __slots__ = ("model_type", "model_fingerprint", "dtype", "in_flight")
+    __slots__ = ("model_type", "model_fingerprint", "dtype", "in_flight", "entry_format")
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FORMAT_FIELD_NUMBER: _ClassVar[int]
     model_type: str
     model_fingerprint: str
     dtype: str
     in_flight: int
-    def __init__(self, model_type: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., in_flight: _Optional[int] = ...) -> None: ...
+    entry_format: str
+    def __init__(self, model_type: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., dtype: _Optional[str] = ..., in_flight: _Optional[int] = ..., entry_format: _Optional[str] = ...) -> None: ...
 
 class ShadowRequest(_message.Message):
     __slots__ = ("request_id", "model_fingerprint", "prompt", "generated", "hypic_argmax", "hypic_logits")

@@ -55,13 +55,15 @@ class LoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadResponse(_message.Message):
-    __slots__ = ("in_flight", "queued_tokens", "worker", "model_fingerprint")
+    __slots__ = ("in_flight", "queued_tokens", "worker", "model_fingerprint", "entry_format")
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FORMAT_FIELD_NUMBER: _ClassVar[int]
     in_flight: int
     queued_tokens: float
     worker: str
     model_fingerprint: str
-    def __init__(self, in_flight: _Optional[int] = ..., queued_tokens: _Optional[float] = ..., worker: _Optional[str] = ..., model_fingerprint: _Optional[str] = ...) -> None: ...
+    entry_format: str
+    def __init__(self, in_flight: _Optional[int] = ..., queued_tokens: _Optional[float] = ..., worker: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., entry_format: _Optional[str] = ...) -> None: ...

@@ -199,7 +199,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TierStats(_message.Message):
-    __slots__ = ("tier", "enabled", "budget_bytes", "bytes", "peak_bytes", "entries", "hits", "misses", "evictions", "promotions")
+    __slots__ = ("tier", "enabled", "budget_bytes", "bytes", "peak_bytes", "entries", "hits", "misses", "evictions", "promotions", "formats")
     TIER_FIELD_NUMBER: _ClassVar[int]
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +210,7 @@ class TierStats(_message.Message):
     MISSES_FIELD_NUMBER: _ClassVar[int]
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    FORMATS_FIELD_NUMBER: _ClassVar[int]
     tier: Tier
     enabled: bool
     budget_bytes: int
@@ -220,7 +221,18 @@ class TierStats(_message.Message):
     misses: int
     evictions: int
     promotions: int
-    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., enabled: _Optional[bool] = ..., budget_bytes: _Optional[int] = ..., bytes: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ...) -> None: ...
+    formats: _containers.RepeatedCompositeFieldContainer[FormatStats]
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., enabled: _Optional[bool] = ..., budget_bytes: _Optional[int] = ..., bytes: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., entries: _Optional[int] = ..., hits: _Optional[int] = ..., misses: _Optional[int] = ..., evictions: _Optional[int] = ..., promotions: _Optional[int] = ..., formats: _Optional[_Iterable[_Union[FormatStats, _Mapping]]] = ...) -> None: ...
+
+class FormatStats(_message.Message):
+    __slots__ = ("format", "bytes", "entries")
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    format: str
+    bytes: int
+    entries: int
+    def __init__(self, format: _Optional[str] = ..., bytes: _Optional[int] = ..., entries: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
     __slots__ = ("tiers", "entries", "pinned", "corrupt_dropped", "policy", "nixl_available", "nixl_reason", "leases_active")
