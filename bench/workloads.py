@@ -43,6 +43,8 @@ from typing import Sequence
 
 from bench.quality import tasks as T
 
+SHAPES = ("rag", "summarization", "agent", "chat", "fewshot")  # the five workloads, in report order
+
 # the language's word classes (bench.quality.tasks)
 FILLER, KEYS, VALUES, NAMES = T.FILLER_WORDS, T.KEYS, T.VALUES, T.NAMES
 
@@ -72,6 +74,7 @@ class Request:
     doc_ids: list[int]                    # ids of the segments (corpus / pool ids), in order
     k_drawn: int = 0                      # documents drawn before the prompt budget cut (RAG)
     shape: str = "rag"
+    max_tokens: int | None = None         # this request's output budget (a replayed trace's); None: the run's
 
     @property
     def prompt_tokens(self) -> int:
@@ -345,7 +348,7 @@ def fewshot_trace(n: int, seed: int, rate: float | None = None, n_tasks: int = 3
 def with_arrivals(trace: Trace, rate: float | None, seed: int) -> Trace:
     """The same requests with new arrival times (Poisson at `rate`, or closed loop)."""
     arr = poisson_arrivals(random.Random(seed), rate, len(trace.requests))
-    reqs = [Request(r.index, a, r.segments, r.query, r.doc_ids, r.k_drawn, r.shape)
+    reqs = [Request(r.index, a, r.segments, r.query, r.doc_ids, r.k_drawn, r.shape, r.max_tokens)
             for r, a in zip(trace.requests, arr)]
     return Trace(trace.shape, reqs, {**trace.params, "rate": rate})
 
