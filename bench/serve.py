@@ -312,7 +312,7 @@ def parse_args(argv=None):
                     "(http://host:port) instead of starting a mesh")
     ap.add_argument("--address", default="", help="benchmark this router (host:port) over gRPC")
     ap.add_argument("--trace", type=Path, default=None, help="replay this JSONL trace (bench/trace.py; "
-                    "docs/benchmarks.md) as the workload: against our own mesh, a closed loop in "
+                    "bench/README.md) as the workload: against our own mesh, a closed loop in "
                     "every mode then the QPS sweep with its arrivals scaled to each rate; against "
                     "--base-url / --address, once at its own arrival times")
     ap.add_argument("--write-trace", type=Path, default=None, metavar="FILE",

@@ -6,7 +6,7 @@ trace both says what reuse there was and can be replayed.
     python -m bench.serve --trace agent.jsonl      # replay it on a mesh of our own, every mode
     python -m bench.serve --address HOST:PORT --trace agent.jsonl   # or against a deployment
 
-One request per line (docs/benchmarks.md has the full description):
+One request per line (bench/README.md, "Traces", describes it for users):
 
     {"timestamp": 1250, "input_length": 1843, "output_length": 8, "hash_ids": [0, 1, 2, 3],
      "segment_ids": ["d17", "d3"], "segments": ["<doc> ...", "<doc> ..."], "query": "<q> find x <a>"}
