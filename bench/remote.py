@@ -2,7 +2,8 @@
 instead of starting a mesh, through the OpenAI-compatible front (streaming completions with the
 `hypic` extension carrying the segments) or through gRPC (the SDK).
 
-Requests: the RAG closed-loop workload of bench/serve.py (same --seed / --corpus / --k ...), or
+Requests: the closed-loop requests of bench/serve.py's --workload (RAG by default; same --seed /
+--corpus / --k ...), or
 `--trace FILE.jsonl`, the user's own requests in bench/trace.py's format (Mooncake's fields plus
 the segments; the older lines `{"segments": [...], "query": ..., "max_tokens": 8, "arrival_s":
 0.25}` read the same). With arrival times the trace is replayed open loop at those offsets,
@@ -42,10 +43,10 @@ def load_trace(path: Path, default_max_tokens: int) -> list[TraceRequest]:
 
 
 def workload_requests(args: Any) -> list[TraceRequest]:
-    """bench/serve.py's RAG closed-loop requests, as text."""
+    """bench/serve.py's closed-loop requests of --workload (RAG by default), as text."""
     wl = build_workloads(args)
     return [TraceRequest(i, [" ".join(s) for s in r.segments], " ".join(r.query), args.max_tokens)
-            for i, r in enumerate(wl["closed"]["rag"].requests)]
+            for i, r in enumerate(wl["closed"][args.workload].requests)]
 
 
 # ---- one request each way ---------------------------------------------------------------------------
@@ -134,7 +135,7 @@ def main(args: Any, argv: Sequence[str] | None) -> dict:
     """The --base-url / --address run of bench/serve.py."""
     reqs = load_trace(args.trace, args.max_tokens) if args.trace else workload_requests(args)
     target = args.base_url or args.address
-    log(f"{len(reqs)} requests ({'trace ' + str(args.trace) if args.trace else 'RAG workload'}) "
+    log(f"{len(reqs)} requests ({'trace ' + str(args.trace) if args.trace else args.workload + ' workload'}) "
         f"to {target} ({'OpenAI front' if args.base_url else 'gRPC'}), mode {args.mode}")
     records, wall = asyncio.run(drive(reqs, base_url=args.base_url, address=args.address,
                                       model=args.served_model, api_key=args.api_key,
