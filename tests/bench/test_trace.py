@@ -57,6 +57,10 @@ def test_mooncake_fields_and_hash_ids_mark_shared_prefixes_only(tmp_path):
     assert h[1][0] == h[0][0] and h[1][1:] == [3, 4]  # the first 512 tokens are a's in both
     assert set(h[2]).isdisjoint(h[0] + h[1])     # the same segments in another order: no prefix shared
     assert objs[2]["segment_ids"] == [1, 0]      # ... which the segment ids do show
+    # a block's id is its whole prefix's: the same 512 tokens after another first block get another id
+    x, y, z = (W.make_document(rng, i, 512).words for i in range(3, 6))
+    hasher = TR.BlockHasher()
+    assert hasher(x + y) == [0, 1] and hasher(z + y) == [2, 3] and hasher(x + y + z) == [0, 1, 4]
 
 
 @pytest.mark.parametrize("line, says", [
