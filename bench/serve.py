@@ -321,7 +321,11 @@ def parse_args(argv=None):
     ap.add_argument("--mode", default="hypic", help="prefill mode of the --base-url/--address run")
     ap.add_argument("--api-key", default="unused", help="the front's API key (--base-url)")
     ap.add_argument("--served-model", default="", help="model id at --base-url (default: the first)")
-    args = ap.parse_args(argv)
+    return settle_args(ap, ap.parse_args(argv))
+
+
+def settle_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The options' consequences: a --trace run's workload and tag, the checks, --quick's sizes."""
     if args.trace is not None and not (args.base_url or args.address):
         args.workload, args.shapes, args.tag = "trace", ["trace"], args.tag or "_trace"
     elif args.workload not in args.shapes:
@@ -336,7 +340,7 @@ def parse_args(argv=None):
         args.max_prompt_tokens, args.n_warm, args.n_closed, args.n_summ, args.n_agent = 512, 4, 4, 2, 4
         args.n_rate_min, args.n_rate_max, args.rate_window = 4, 8, 2.0
         args.rates_x, args.cold_tokens, args.cold_reps = [0.5, 1.0, 2.0], 600, 1
-        args.max_tokens, args.host_bytes = 4, "1MiB"
+        args.max_tokens, args.host_bytes, args.n_chat, args.n_fewshot = 4, "1MiB", 4, 4
     return args
 
 

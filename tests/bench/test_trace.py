@@ -121,8 +121,8 @@ def test_serve_replays_a_trace_on_its_own_mesh_in_every_mode(tmp_path):
     path = tmp_path / "agent.jsonl"
     serve.main(["--workload", "agent", "--shapes", "agent", "--n-agent", "6", "--trace-rate", "4",
                 "--max-tokens", "2", "--write-trace", str(path)])
-    out = serve.main(["--trace", str(path), "--quick", "--no-cold", "--no-plots", "--modes", "full", "prefix",
-                      "hypic", "--rates-x", "1.0", "--n-rate-min", "6", "--out", str(tmp_path)])
+    out = serve.main(["--trace", str(path), "--no-cold", "--no-plots", "--modes", "full", "prefix", "hypic",
+                      "--rates-x", "1.0", "--host-bytes", "4MiB", "--out", str(tmp_path)])
     closed = out["closed"]["trace"]["modes"]
     assert set(closed) == {"full", "prefix", "hypic"}
     for mode, s in closed.items():
