@@ -256,11 +256,14 @@ def summarize(records: Sequence[dict], wall: float, prefix_reused: Sequence[int]
         out["requests_with_hit"] = sum(1 for x in prefix_reused if x) / max(1, len(prefix_reused))
     elif any("hits" in r for r in ok) and any(r.get("hits", 0) + r.get("misses", 0) for r in ok):
         hits = sum(r.get("hits", 0) for r in ok)
+        # of the cache entries the router looked up: a long segment cut into pieces
+        # (common/engine/cut.py) counts as its pieces, so the client's segment count is not the base
+        looked_up = sum(r.get("hits", 0) + r.get("misses", 0) for r in ok)
         tiers: Counter = Counter()
         for r in ok:
             tiers.update(r.get("tiers", {}))
-        out["hit_rate"] = hits / segs if segs else math.nan
-        out["hits_by_tier"] = {t: n / segs for t, n in sorted(tiers.items())}
+        out["hit_rate"] = hits / looked_up
+        out["hits_by_tier"] = {t: n / looked_up for t, n in sorted(tiers.items())}
         out["requests_with_hit"] = sum(1 for r in ok if r.get("hits", 0)) / len(ok)
     else:
         out["hit_rate"] = None  # full recompute: no cache
