@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
@@ -56,9 +55,9 @@ from bench import remote
 from bench import trace as TR
 from bench import workloads as W
 from bench.cold_mesh import ColdParams, cold_path
-from bench.driver import (ROOT, Encoder, PrefixReplay, build_workloads, drive, json_default, log, qps_at_slo,
-                          shape_trace, summarize)
+from bench.driver import ROOT, Encoder, PrefixReplay, build_workloads, drive, json_default, log, summarize
 from bench.plots import plot_cdf, plot_cold, plot_rate
+from bench.sweep import rate_sweep
 from bench.report_baseline import vs_best
 from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model
 from common.engine.modes import LABELS, MODES
@@ -138,77 +137,6 @@ def _row(mode: str, s: dict) -> str:
             f"{s['throughput_rps']:.2f} req/s {s['output_tok_s']:.1f} tok/s   "
             f"hits {'-' if hr is None else f'{hr:.0%}'}{f' ({tiers})' if tiers else ''}"
             + (f"   ERRORS {s['errors']}: {s['errors_sample'][:1]}" if s["errors"] else ""))
-
-
-def sweep_trace(wl: dict, args, p: int, rate: float) -> W.Trace:
-    """The requests of sweep point p of --workload: arrivals over about --rate-window seconds (at
-    least --n-rate-min, at most --n-rate-max requests), fresh draws per point (a --trace run
-    replays its whole trace at every point, arrivals scaled to the rate)."""
-    n = int(min(args.n_rate_max, max(args.n_rate_min, round(rate * args.rate_window))))
-    return shape_trace(wl, args, args.workload, n, seed=args.seed * 1000 + 100 + p, rate=rate)
-
-
-def rate_sweep(mesh: Mesh, enc: Encoder, wl: dict, closed: dict, replay: PrefixReplay, args) -> dict:
-    """Per mode, a search over the rate ladder for the bracket [last rate meeting the SLO, first
-    rate missing it]: start at the highest rate at or below half the mode's own closed-loop
-    service rate, go up while the SLO holds, or down until it holds. Every point reported was
-    measured; the same trace is used at a given rate for every mode that runs it."""
-    shape = args.workload
-    full = closed[shape]["modes"]["full"]
-    mu = 1.0 / full["ttft_mean_s"]
-    slo = args.slo_x * full["ttft_p50_s"]
-    xs = sorted(args.rates_x)
-    rates = [x * mu for x in xs]
-    log(f"\n== QPS sweep ({shape}, Poisson): full recompute serves {mu:.3f} req/s at concurrency 1; "
-        f"SLO p90 TTFT <= {slo:.2f} s ({args.slo_x:g} x full's p50); rate ladder "
-        f"{', '.join(f'{r:.3f}' for r in rates)} req/s")
-    traces: dict[int, W.Trace] = {}
-    out = {"slo_s": slo, "slo_x_full_p50": args.slo_x, "full_service_rate_rps": mu,
-           "shape": shape, "rates_x": xs, "rates": rates, "window_s": args.rate_window,
-           "n_per_rate": [len(sweep_trace(wl, args, p, r)) for p, r in enumerate(rates)], "modes": {}}
-    for mode in args.modes:
-        own = 1.0 / closed[shape]["modes"][mode]["ttft_mean_s"]
-        start = max([p for p, r in enumerate(rates) if r <= 0.5 * own], default=0)
-        points: dict[int, dict] = {}
-
-        def run(p: int) -> bool:
-            rate = rates[p]
-            trace = traces.setdefault(p, sweep_trace(wl, args, p, rate))
-            reused = [replay.request(shape, r) for r in trace.requests] if mode == "prefix" else None
-            recs, wall = drive(mesh.router_address, trace.requests, mode, enc,
-                               max_tokens=args.max_tokens, open_loop=True)
-            s = summarize(recs, wall, reused)
-            ok = s["ttft_p90_s"] <= slo and not s["errors"]
-            points[p] = dict(rate=rate, rate_x=xs[p], n=len(trace), ttft_p50_s=s["ttft_p50_s"],
-                             ttft_p90_s=s["ttft_p90_s"] if not s["errors"] else math.inf,
-                             ttft_p99_s=s["ttft_p99_s"], itl_mean_s=s["itl_mean_s"],
-                             throughput_rps=s["throughput_rps"], hit_rate=s["hit_rate"],
-                             hits_by_tier=s["hits_by_tier"], errors=s["errors"],
-                             errors_sample=s["errors_sample"], wall_s=wall, meets_slo=ok)
-            log(f"  {LABELS[mode]:<15} rate {rate:6.3f} req/s ({len(trace):>2} req)  TTFT p50 "
-                f"{s['ttft_p50_s']*1e3:7.0f}  p90 {s['ttft_p90_s']*1e3:7.0f} ms  "
-                f"{'meets' if ok else 'MISSES'} SLO  ({wall:.1f} s)"
-                + (f"  ERRORS {s['errors']}: {s['errors_sample'][:1]}" if s["errors"] else ""))
-            return ok
-
-        if run(start):
-            p = start + 1
-            while p < len(rates) and run(p):
-                p += 1
-        else:
-            p = start - 1
-            while p >= 0 and not run(p):
-                p -= 1
-        pts = [points[p] for p in sorted(points)]
-        q = qps_at_slo(pts, slo, closed[shape]["modes"][mode]["ttft_p90_s"])
-        # the same points at tighter SLOs (valid: a tighter SLO is missed no later)
-        q["by_slo_x"] = {f"{x:g}": qps_at_slo(pts, x * full["ttft_p50_s"],
-                                              closed[shape]["modes"][mode]["ttft_p90_s"])["interpolated_qps"]
-                         for x in (1.5, 2.0, 2.5, 3.0) if x <= args.slo_x}
-        out["modes"][mode] = {"points": pts, "start_rate": rates[start], **q}
-        log(f"  {LABELS[mode]:<15} QPS at SLO: {q['interpolated_qps']:.3f} (interpolated), "
-            f"{q['measured_qps']:.3f} (highest passing rate){' (lower bound)' if q['lower_bound'] else ''}")
-    return out
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -20,7 +20,8 @@ def run(shape: str, p50: dict, qps: dict, hit_points=((6, 0.5), (18, 0.7))) -> d
     return dict(command=f"python -m bench.serve --workload {shape} --out /tmp/x", params=PARAMS, shape=shape,
                 machine=dict(cpus=2, loadavg_start=[3.0], loadavg_end=[5.5]),
                 closed={shape: dict(trace=dict(segments_mean=4.5, prompt_tokens_mean=1800.0), modes=modes)},
-                sweep=dict(slo_s=1.5, rates=[0.5], modes={m: dict(interpolated_qps=q, points=pts(m))
+                sweep=dict(slo_s=1.5, rates=[0.5], modes={m: dict(interpolated_qps=q, points=pts(m),
+                                                                  lower_bound=m == "hypic" and q > 10)
                                                           for m, q in qps.items()}))
 
 
@@ -33,6 +34,9 @@ def test_a_row_names_the_best_baseline_of_each_ratio():
     assert "| 2.00× vs prefix cache | 1.50× vs full recompute |" in row
     assert R.sweep_hit_rate(s["sweep"]) == (6 * 0.5 + 18 * 0.7) / 24  # weighted by requests, not points
     assert "| 80% / 65% | 25% |" in row  # hypic closed loop / sweep, prefix (replayed)
+    top = R.workload_row("chat", run("chat", p50=dict(full=1.0, prefix=0.5, hypic=0.25),
+                                     qps=dict(full=2.0, prefix=1.0, hypic=12.0)))
+    assert "| 2.00 / 1.00 / ≥12.00 |" in top  # hypic never missed the SLO: a lower bound
 
 
 def test_the_section_reads_the_runs_in_the_workloads_order(tmp_path):
