@@ -136,7 +136,9 @@ def sweep_section(sw: dict, p: dict) -> list[str]:
         f"{min(sw['n_per_rate'])}–{max(sw['n_per_rate'])} here), fresh ones per point, the same ones to every "
         "mode that runs it. Each mode searches the ladder for its bracket: it starts at the highest rate "
         "at or below half its own closed-loop service rate, goes up while p90 TTFT meets the SLO, or "
-        "down until it does; every point shown was measured. QPS at SLO is interpolated linearly in "
+        "down until it does; every point shown was measured"
+        + ("; the modes' searches took turns, one point each per round, so a drifting load moved them alike"
+           if sw.get("interleaved") else "") + ". QPS at SLO is interpolated linearly in "
         "p90 TTFT between the last passing and the first failing rate (rate 0 = the closed-loop p90).",
         "",
         "| mode | " + " | ".join(f"{r:.2f}" for r in sw["rates"]) + " req/s | QPS at SLO | highest passing rate |",

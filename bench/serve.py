@@ -25,7 +25,8 @@ What one run does (every number in bench/results/serve.json and cold.json comes 
    rates per tier.
 4. QPS sweep (--workload, RAG by default; Poisson arrivals): rates are multiples of full recompute's service rate on
    this machine (1 / its mean closed-loop TTFT); every mode gets the same requests at each rate
-   (fresh ones per rate); a mode's sweep stops at its first rate whose p90 TTFT misses the SLO.
+   (fresh ones per rate); a mode's sweep stops at its first rate whose p90 TTFT misses the SLO;
+   the modes' searches take turns, one point each per round (bench/sweep.py).
    SLO = --slo-x times full recompute's closed-loop p50 TTFT (that workload) on this machine. QPS at SLO:
    the highest rate whose p90 TTFT <= SLO, measured (highest passing rate) and interpolated
    linearly between the last passing and the first failing rate (rate 0 = the closed-loop p90).
