@@ -228,6 +228,13 @@ def drive(address: str, reqs: Sequence[W.Request], mode: str, enc: Encoder, *, m
 
 # ---- statistics -------------------------------------------------------------------------------
 
+def slim_records(recs: Sequence[dict]) -> list[dict]:
+    """The per-request fields a results JSON keeps (client and server timings, hits), rounded."""
+    keep = ("i", "segments", "prompt_tokens", "sched_s", "start_s", "end_s", "ttft_s", "server_ttft_s", "e2e_s",
+            "hits", "misses", "tiers", "compose_s", "seams_s", "query_s", "error")
+    return [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if k in keep} for r in recs]
+
+
 def pct(xs: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else math.nan
 

@@ -50,13 +50,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from bench import remote
 from bench import trace as TR
 from bench import workloads as W
 from bench.cold_mesh import ColdParams, cold_path
-from bench.driver import ROOT, Encoder, PrefixReplay, build_workloads, drive, json_default, log, summarize
+from bench.driver import (ROOT, Encoder, PrefixReplay, build_workloads, drive, json_default, log, slim_records,
+                          summarize)
 from bench.plots import plot_cdf, plot_cold, plot_rate
 from bench.sweep import rate_sweep
 from bench.report_baseline import vs_best
@@ -114,19 +115,9 @@ def closed_loop(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) 
                                max_tokens=args.max_tokens, concurrency=args.concurrency)
             s = summarize(recs, wall, reused)
             s["ttft_s"] = sorted(r["ttft_s"] for r in recs if "ttft_s" in r)
-            s["records"] = _slim(recs)
+            s["records"] = slim_records(recs)
             out[shape]["modes"][mode] = s
             log(_row(mode, s))
-    return out
-
-
-def _slim(recs: Sequence[dict]) -> list[dict]:
-    keep = ("i", "segments", "prompt_tokens", "sched_s", "start_s", "ttft_s", "server_ttft_s", "e2e_s",
-            "hits", "misses", "tiers", "compose_s", "seams_s", "query_s", "error")
-    out = []
-    for r in recs:
-        d = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if k in keep}
-        out.append(d)
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from bench import workloads as W
-from bench.driver import Encoder, PrefixReplay, drive, log, qps_at_slo, shape_trace, summarize
+from bench.driver import Encoder, PrefixReplay, drive, log, qps_at_slo, shape_trace, slim_records, summarize
 from common.engine.modes import LABELS
 from hypic.launcher import Mesh
 
@@ -108,4 +108,7 @@ def sweep_point(mesh: Mesh, enc: Encoder, trace: W.Trace, mode: str, replay: Pre
                 ttft_p99_s=s["ttft_p99_s"], itl_mean_s=s["itl_mean_s"],
                 throughput_rps=s["throughput_rps"], hit_rate=s["hit_rate"],
                 hits_by_tier=s["hits_by_tier"], errors=s["errors"],
-                errors_sample=s["errors_sample"], wall_s=wall, meets_slo=ok)
+                errors_sample=s["errors_sample"], wall_s=wall, meets_slo=ok,
+                # per request: what waiting under load was made of (server TTFT against the
+                # combine's own prefill time, query_s, for the baselines)
+                records=slim_records(recs))
