@@ -78,8 +78,10 @@ def workloads_section(runs: dict[str, dict]) -> list[str]:
     out += [workload_row(w, s) for w, s in runs.items()]
     loads = "; ".join(f"{w} {s['machine']['loadavg_start'][0]:.1f} → {s['machine']['loadavg_end'][0]:.1f}"
                       for w, s in runs.items())
-    out += ["", "Hit rates are of segments; hypic's come from the mesh's own timings (every tier), the "
-            "prefix cache's from the client-side replay of its cache. The runs were one after the other on "
+    out += ["", "Hit rates: hypic's are of the cache entries the router looked up (a segment longer than the "
+            "cut length counts as its pieces), from the mesh's own timings (every tier); the prefix cache's are "
+            "of segments, from the client-side replay of its cache. A QPS at the SLO below the ladder's lowest "
+            "rate is interpolated between the closed loop (rate 0) and that rate, which it missed. The runs were one after the other on "
             f"{first['machine']['cpus']} CPU cores shared with other jobs (1-minute load average at the start → "
             f"the end: {loads}); each workload's modes ran side by side on "
             "the same requests, so compare within a row. With this few requests per point a p99 is close to "
