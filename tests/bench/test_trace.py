@@ -127,7 +127,8 @@ def test_serve_replays_a_trace_on_its_own_mesh_in_every_mode(tmp_path):
     assert set(closed) == {"full", "prefix", "hypic"}
     for mode, s in closed.items():
         assert s["n"] == 6 and s["errors"] == 0, (mode, s["errors_sample"])
-    assert closed["hypic"]["hit_rate"] > 0.5  # the tools recur in every request
+    # no warm-up: the first requests build their segments; a session's tools recur in its later turns
+    assert closed["hypic"]["hit_rate"] > 0.3 and closed["hypic"]["records"][-1]["hits"] > 0
     assert out["shape"] == "trace" and out["headline"]["vs_best_baseline"]["ttft_p50"]["ratio"] > 0
     assert {m: len(d["points"]) >= 1 for m, d in out["sweep"]["modes"].items()} == {
         "full": True, "prefix": True, "hypic": True}
