@@ -47,6 +47,17 @@ def workload_row(w: str, s: dict) -> str:
             f"{named(best.get('ttft_p50'))} | {named(best.get('qps_at_slo'))} |")
 
 
+def ladders(runs: dict[str, dict]) -> str:
+    """The sweeps' rate ladders (× full recompute's service rate), named per workload when they differ."""
+    text = {w: ", ".join(f"{x:g}" for x in s["params"]["rates_x"]) for w, s in runs.items()}
+    by_ladder: dict[str, list[str]] = {}
+    for w, t in text.items():
+        by_ladder.setdefault(t, []).append(w)
+    if len(by_ladder) == 1:
+        return next(iter(by_ladder))
+    return "; ".join(f"{t} ({', '.join(ws)})" for t, ws in by_ladder.items())
+
+
 def workloads_section(runs: dict[str, dict]) -> list[str]:
     """The table, and how the runs were made (command, requests per point, the machine's load)."""
     if not runs:
@@ -62,7 +73,7 @@ def workloads_section(runs: dict[str, dict]) -> list[str]:
         f"and hypic. Short runs: {p['n_closed']} RAG / {p['n_summ']} summarization / {p['n_agent']} agent / "
         f"{p['n_chat']} chat / {p['n_fewshot']} few-shot closed-loop requests per mode, sweep points of "
         f"{p['rate_window']:g} s of arrivals ({p['n_rate_min']}–{p['n_rate_max']} requests) on the ladder "
-        f"{', '.join(f'{x:g}' for x in p['rates_x'])} × full recompute's service rate; the SLO is "
+        f"{ladders(runs)} × full recompute's service rate; the SLO is "
         f"p90 TTFT ≤ {p['slo_x']:g} × full recompute's closed-loop p50 on that workload. The workloads "
         "(`bench/workloads.py`): RAG over a Zipf-popular corpus; summarization of a few long documents; "
         "agent tool use (a session's tool descriptions, the memory files of the turn, its last turns); "

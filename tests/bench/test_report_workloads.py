@@ -50,3 +50,6 @@ def test_the_section_reads_the_runs_in_the_workloads_order(tmp_path):
     assert text.count("| rag (") == 1 and text.index("| rag (") < text.index("| fewshot (")
     assert "--out" not in text and "rag 3.0 → 5.5; fewshot 3.0 → 5.5" in text
     assert R.workloads_section({}) == []
+    assert R.ladders(runs) == "0.5, 1, 2"
+    runs["fewshot"]["params"] = {**PARAMS, "rates_x": [0.25, 0.5]}
+    assert R.ladders(runs) == "0.5, 1, 2 (rag); 0.25, 0.5 (fewshot)"
