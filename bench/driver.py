@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 import hypic
+from bench import trace as TR
 from bench import workloads as W
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,7 +101,9 @@ class Encoder:
         self.vocab_size = int(self.cfg["vocab_size"])
         self.text = (model / "tokenizer.json").exists()
 
-    def seg(self, words: Sequence[str]) -> Any:
+    def seg(self, words: Sequence) -> Any:
+        if words and isinstance(words[0], int):  # token ids already (a replayed trace's)
+            return list(words)
         return " ".join(words) if self.text else W.to_ids(words, None, self.vocab_size)
 
     def state_bytes(self, tokens: int) -> int:
@@ -189,7 +192,7 @@ async def _drive(address: str, reqs: Sequence[W.Request], mode: str, enc: Encode
             times: list[float] = []
             try:
                 stream = client.generate(segments=[enc.seg(s) for s in r.segments],
-                                         query=enc.seg(r.query), max_tokens=max_tokens, mode=mode,
+                                         query=enc.seg(r.query), max_tokens=r.max_tokens or max_tokens, mode=mode,
                                          timeout=timeout)
                 async for _ in stream:
                     times.append(time.perf_counter())
@@ -225,6 +228,13 @@ def drive(address: str, reqs: Sequence[W.Request], mode: str, enc: Encoder, *, m
 
 # ---- statistics -------------------------------------------------------------------------------
 
+def slim_records(recs: Sequence[dict]) -> list[dict]:
+    """The per-request fields a results JSON keeps (client and server timings, hits), rounded."""
+    keep = ("i", "segments", "prompt_tokens", "sched_s", "start_s", "end_s", "ttft_s", "server_ttft_s", "e2e_s",
+            "hits", "misses", "tiers", "compose_s", "seams_s", "query_s", "error")
+    return [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if k in keep} for r in recs]
+
+
 def pct(xs: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else math.nan
 
@@ -253,11 +263,14 @@ def summarize(records: Sequence[dict], wall: float, prefix_reused: Sequence[int]
         out["requests_with_hit"] = sum(1 for x in prefix_reused if x) / max(1, len(prefix_reused))
     elif any("hits" in r for r in ok) and any(r.get("hits", 0) + r.get("misses", 0) for r in ok):
         hits = sum(r.get("hits", 0) for r in ok)
+        # of the cache entries the router looked up: a long segment cut into pieces
+        # (common/engine/cut.py) counts as its pieces, so the client's segment count is not the base
+        looked_up = sum(r.get("hits", 0) + r.get("misses", 0) for r in ok)
         tiers: Counter = Counter()
         for r in ok:
             tiers.update(r.get("tiers", {}))
-        out["hit_rate"] = hits / segs if segs else math.nan
-        out["hits_by_tier"] = {t: n / segs for t, n in sorted(tiers.items())}
+        out["hit_rate"] = hits / looked_up
+        out["hits_by_tier"] = {t: n / looked_up for t, n in sorted(tiers.items())}
         out["requests_with_hit"] = sum(1 for r in ok if r.get("hits", 0)) / len(ok)
     else:
         out["hit_rate"] = None  # full recompute: no cache
@@ -297,30 +310,49 @@ def qps_at_slo(points: Sequence[dict], slo_s: float, unloaded_p90_s: float) -> d
 
 
 
+def shape_trace(wl: dict, args, shape: str, n: int, seed: int, rate: float | None = None) -> W.Trace:
+    """n requests of `shape` over the run's corpus and pools (the same popularity in every
+    phase, so the warm-up's popular segments are the closed loop's and the sweep's); `seed`
+    draws the requests, `rate` their Poisson arrivals. "trace" (bench/serve.py --trace) replays
+    the user's trace, its arrivals scaled to `rate` (bench.trace.at_rate)."""
+    s, mp = args.seed * 1000, args.max_prompt_tokens
+    if shape == "rag":
+        return W.rag_trace(wl["corpus"], n, seed=seed, rate=rate, k=tuple(args.k), zipf_s=args.zipf_s,
+                           max_prompt_tokens=mp, popularity=wl["rag_pop"])
+    if shape == "summarization":
+        return W.summarization_trace(wl["pool"], n, seed=seed, rate=rate, max_prompt_tokens=mp,
+                                     popularity_seed=s + 4)
+    if shape == "agent":
+        return W.agent_trace(n, seed=seed, rate=rate, pools_seed=s + 5)
+    if shape == "chat":
+        return W.chat_trace(n, seed=seed, rate=rate, pools_seed=s + 6)
+    if shape == "fewshot":
+        return W.fewshot_trace(n, seed=seed, rate=rate, pools_seed=s + 7)
+    if shape == "trace":
+        return TR.at_rate(wl["user_trace"], rate, seed) if rate else wl["user_trace"]
+    raise ValueError(f"unknown workload shape {shape!r}")
+
+
 def build_workloads(args) -> dict:
+    """The corpus, pools and popularity of a serving run, and per shape in --shapes a warm-up
+    trace and a closed-loop trace (other seeds, the same popular segments)."""
     corpus = W.make_corpus(args.corpus, tuple(args.doc_tokens), seed=args.seed * 1000 + 1)
     pool = W.make_corpus(args.summ_pool, tuple(args.summ_tokens), seed=args.seed * 1000 + 2,
                          first_id=100_000)
     s = args.seed * 1000
-    mp = args.max_prompt_tokens
-    rag_pop = W.Popularity(len(corpus), args.zipf_s, seed=s + 3)
-    wl = {
-        "corpus": corpus, "pool": pool, "rag_pop": rag_pop,
-        "warm": {
-            "rag": W.rag_trace(corpus, args.n_warm, seed=s + 10, k=tuple(args.k), zipf_s=args.zipf_s,
-                               max_prompt_tokens=mp, popularity=rag_pop),
-            "summarization": W.summarization_trace(pool, max(2, args.n_warm // 4), seed=s + 11,
-                                                   max_prompt_tokens=mp, popularity_seed=s + 4),
-            "agent": W.agent_trace(max(4, args.n_warm // 2), seed=s + 12, pools_seed=s + 5),
-        },
-        "closed": {
-            "rag": W.rag_trace(corpus, args.n_closed, seed=s + 20, k=tuple(args.k), zipf_s=args.zipf_s,
-                               max_prompt_tokens=mp, popularity=rag_pop),
-            "summarization": W.summarization_trace(pool, args.n_summ, seed=s + 21, max_prompt_tokens=mp,
-                                                   popularity_seed=s + 4),
-            "agent": W.agent_trace(args.n_agent, seed=s + 22, pools_seed=s + 5),
-        },
-    }
-    for phase in ("warm", "closed"):  # --shapes: only these (RAG alone keeps a slow model's run short)
-        wl[phase] = {shape: t for shape, t in wl[phase].items() if shape in args.shapes}
+    wl: dict[str, Any] = {"corpus": corpus, "pool": pool,
+                          "rag_pop": W.Popularity(len(corpus), args.zipf_s, seed=s + 3)}
+    if getattr(args, "trace", None):
+        wl["user_trace"] = TR.to_trace(TR.read(args.trace, args.max_tokens))
+        wl["warm"], wl["closed"] = {}, {"trace": wl["user_trace"]}  # the trace warms its own caches
+        return wl
+    n_closed = dict(rag=args.n_closed, summarization=args.n_summ, agent=args.n_agent,
+                    chat=getattr(args, "n_chat", 12), fewshot=getattr(args, "n_fewshot", 12))
+    n_warm = dict(rag=args.n_warm, summarization=max(2, args.n_warm // 4), agent=max(4, args.n_warm // 2),
+                  chat=max(4, args.n_warm // 2), fewshot=args.n_warm)
+    shapes = [x for x in W.SHAPES if x in args.shapes]  # --shapes: only these (RAG alone keeps a slow model's run short)
+    wl["warm"] = {x: shape_trace(wl, args, x, n_warm[x], seed=s + 10 + i) for i, x in enumerate(W.SHAPES)
+                  if x in shapes}
+    wl["closed"] = {x: shape_trace(wl, args, x, n_closed[x], seed=s + 20 + i) for i, x in enumerate(W.SHAPES)
+                    if x in shapes}
     return wl

@@ -2,16 +2,13 @@
 instead of starting a mesh, through the OpenAI-compatible front (streaming completions with the
 `hypic` extension carrying the segments) or through gRPC (the SDK).
 
-Requests: the RAG closed-loop workload of bench/serve.py (same --seed / --corpus / --k ...), or
-`--trace FILE.jsonl`, the user's own requests, one JSON object per line:
-
-    {"segments": ["<doc> ...", [1, 2, 3]], "query": "<q> find x <a>", "max_tokens": 8,
-     "arrival_s": 0.25}
-
-(segments and query as text or token ids; max_tokens optional, --max-tokens by default;
-arrival_s optional: with arrivals the trace is replayed open loop at those offsets, else closed
-loop at --concurrency). Prints TTFT / ITL / throughput / cached tokens and writes
-serve_remote<tag>.json under --out.
+Requests: the closed-loop requests of bench/serve.py's --workload (RAG by default; same --seed /
+--corpus / --k ...), or
+`--trace FILE.jsonl`, the user's own requests in bench/trace.py's format (Mooncake's fields plus
+the segments; the older lines `{"segments": [...], "query": ..., "max_tokens": 8, "arrival_s":
+0.25}` read the same). With arrival times the trace is replayed open loop at those offsets,
+else closed loop at --concurrency; each request's output_length is its max_tokens. Prints TTFT /
+ITL / throughput / cached tokens and writes serve_remote<tag>.json under --out.
 """
 from __future__ import annotations
 
@@ -23,6 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 import hypic
+from bench import trace
 from bench.driver import build_workloads, log, send_all, summarize
 
 SegmentLike = Union[str, list[int]]
@@ -38,31 +36,17 @@ class TraceRequest:
 
 
 def load_trace(path: Path, default_max_tokens: int) -> list[TraceRequest]:
-    """The requests of a JSONL trace (ValueError naming the line when one is malformed)."""
-    out = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-            segs, query = obj["segments"], obj["query"]
-            if not isinstance(segs, list) or not segs or not query:
-                raise ValueError("segments must be a non-empty list and query non-empty")
-            out.append(TraceRequest(len(out), segs, query,
-                                    int(obj.get("max_tokens", default_max_tokens)),
-                                    float(obj.get("arrival_s", 0.0))))
-        except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}:{n}: {e}") from None
-    if not out:
-        raise ValueError(f"{path}: no requests")
-    return out
+    """The requests of a JSONL trace (bench/trace.py's format; ValueError naming the line when
+    one is malformed)."""
+    return [TraceRequest(ln.index, ln.segments, ln.query, ln.max_tokens, ln.arrival_s)
+            for ln in trace.read(path, default_max_tokens)]
 
 
 def workload_requests(args: Any) -> list[TraceRequest]:
-    """bench/serve.py's RAG closed-loop requests, as text."""
+    """bench/serve.py's closed-loop requests of --workload (RAG by default), as text."""
     wl = build_workloads(args)
     return [TraceRequest(i, [" ".join(s) for s in r.segments], " ".join(r.query), args.max_tokens)
-            for i, r in enumerate(wl["closed"]["rag"].requests)]
+            for i, r in enumerate(wl["closed"][args.workload].requests)]
 
 
 # ---- one request each way ---------------------------------------------------------------------------
@@ -151,7 +135,7 @@ def main(args: Any, argv: Sequence[str] | None) -> dict:
     """The --base-url / --address run of bench/serve.py."""
     reqs = load_trace(args.trace, args.max_tokens) if args.trace else workload_requests(args)
     target = args.base_url or args.address
-    log(f"{len(reqs)} requests ({'trace ' + str(args.trace) if args.trace else 'RAG workload'}) "
+    log(f"{len(reqs)} requests ({'trace ' + str(args.trace) if args.trace else args.workload + ' workload'}) "
         f"to {target} ({'OpenAI front' if args.base_url else 'gRPC'}), mode {args.mode}")
     records, wall = asyncio.run(drive(reqs, base_url=args.base_url, address=args.address,
                                       model=args.served_model, api_key=args.api_key,

@@ -39,7 +39,7 @@ def _entry(values: dict[str, float | None], higher_is_better: bool = False) -> d
 
 def vs_best(serve: dict) -> dict:
     """Every headline ratio of a bench.serve result against the best baseline at its point:
-    ttft_p50 (RAG, closed loop), ttft_p50_per_shape, qps_at_slo, p90_by_rate (each rate the
+    ttft_p50 (the run's workload, RAG by default, closed loop), ttft_p50_per_shape, qps_at_slo, p90_by_rate (each rate the
     sweep ran hypic and at least one baseline at)."""
     out: dict = {}
     closed = serve.get("closed", {})
@@ -48,8 +48,9 @@ def vs_best(serve: dict) -> dict:
         e = _entry({m: s["ttft_p50_s"] for m, s in d["modes"].items()})
         if e:
             per_shape[shape] = e
-    if "rag" in per_shape:
-        out["ttft_p50"] = per_shape["rag"]
+    shape = serve.get("shape", "rag")  # the run's --workload (results written before it: RAG)
+    if shape in per_shape:
+        out["ttft_p50"] = per_shape[shape]
     out["ttft_p50_per_shape"] = per_shape
     sw = serve.get("sweep")
     if sw:

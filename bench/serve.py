@@ -5,6 +5,9 @@ requests.
     python -m bench.serve                        # bundled model, the whole run (<= 15 min)
     python -m bench.serve --model DIR --quick    # a smoke run (any checkpoint; token ids when it
                                                  # has no tokenizer)
+    python -m bench.serve --workload chat --shapes chat   # the sweep on another of the five
+                                                 # workloads -> serve_chat.json
+    python -m bench.serve --trace FILE.jsonl     # the user's own trace (bench/trace.py) as the workload
     python -m bench.serve --base-url http://127.0.0.1:8000 [--trace FILE.jsonl]
                                                  # a running deployment through its OpenAI front
                                                  # (--address HOST:PORT: through gRPC); bench/remote.py
@@ -17,12 +20,14 @@ What one run does (every number in bench/results/serve.json and cold.json comes 
    mode (code paths), then a warm-up trace per shape (same corpus and popularity, another seed)
    sent in every cache-using mode (prefix, additive, hypic): the popular documents are cached, the
    tail is not, and the prefix cache has seen earlier requests.
-3. Closed loop (concurrency 1) per shape (RAG, summarization, agent): every mode on the same
-   request list -> TTFT p50/p90/p99, inter-token latency, throughput, hit rates per tier.
-4. QPS sweep (RAG, Poisson arrivals): rates are multiples of full recompute's service rate on
+3. Closed loop (concurrency 1) per shape (RAG, summarization, agent, chat, few-shot; --shapes):
+   every mode on the same request list -> TTFT p50/p90/p99, inter-token latency, throughput, hit
+   rates per tier.
+4. QPS sweep (--workload, RAG by default; Poisson arrivals): rates are multiples of full recompute's service rate on
    this machine (1 / its mean closed-loop TTFT); every mode gets the same requests at each rate
-   (fresh ones per rate); a mode's sweep stops at its first rate whose p90 TTFT misses the SLO.
-   SLO = --slo-x times full recompute's closed-loop p50 TTFT (RAG) on this machine. QPS at SLO:
+   (fresh ones per rate); a mode's sweep stops at its first rate whose p90 TTFT misses the SLO;
+   the modes' searches take turns, one point each per round (bench/sweep.py).
+   SLO = --slo-x times full recompute's closed-loop p50 TTFT (that workload) on this machine. QPS at SLO:
    the highest rate whose p90 TTFT <= SLO, measured (highest passing rate) and interpolated
    linearly between the last passing and the first failing rate (rate 0 = the closed-loop p90).
 5. Cold path (bench/cold_mesh.py): fresh documents on m = 2, then m = 1 scatter workers; simulated
@@ -37,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import random
@@ -46,21 +50,23 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from bench import remote
+from bench import trace as TR
 from bench import workloads as W
 from bench.cold_mesh import ColdParams, cold_path
-from bench.driver import (ROOT, Encoder, PrefixReplay, build_workloads, drive, json_default, log, qps_at_slo,
+from bench.driver import (ROOT, Encoder, PrefixReplay, build_workloads, drive, json_default, log, slim_records,
                           summarize)
 from bench.plots import plot_cdf, plot_cold, plot_rate
+from bench.sweep import rate_sweep
 from bench.report_baseline import vs_best
 from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model
 from common.engine.modes import LABELS, MODES
 from hypic.launcher import DEFAULT_MODEL, Mesh
 
 CACHED_MODES = tuple(m for m in MODES if m != "full")  # prefix, additive, hypic
-SHAPES = ("rag", "summarization", "agent")
+SHAPES = W.SHAPES
 
 
 
@@ -69,7 +75,7 @@ def warm_up(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> d
     rng = random.Random(args.seed + 99)
     tiny = W.Request(0, 0.0, [W.make_document(rng, -1, 24).words, W.make_document(rng, -2, 24).words],
                      ("<q>", "find", W.KEYS[0], "<a>"), [-1, -2])
-    for mode in MODES:  # code paths (first calls, channel set-up)
+    for mode in args.modes:  # code paths (first calls, channel set-up)
         recs, _ = drive(mesh.router_address, [tiny], mode, enc, max_tokens=2)
         if "error" in recs[0]:
             raise RuntimeError(f"warm-up request failed in mode {mode}: {recs[0]['error']}")
@@ -77,7 +83,7 @@ def warm_up(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> d
             replay.request("tiny", tiny)
     counts = {}
     for shape, trace in wl["warm"].items():
-        for mode in CACHED_MODES:
+        for mode in (m for m in args.modes if m in CACHED_MODES):
             recs, wall = drive(mesh.router_address, trace.requests, mode, enc, max_tokens=1,
                                concurrency=2)
             if mode == "prefix":
@@ -103,25 +109,15 @@ def closed_loop(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) 
         log(f"\n== {shape}: {len(trace)} requests, concurrency {args.concurrency}, "
             f"{trace.summary()['segments_mean']:.1f} segments / "
             f"{trace.summary()['prompt_tokens_mean']:.0f} tokens per prompt on average")
-        for mode in MODES:
+        for mode in args.modes:
             reused = [replay.request(shape, r) for r in trace.requests] if mode == "prefix" else None
             recs, wall = drive(mesh.router_address, trace.requests, mode, enc,
                                max_tokens=args.max_tokens, concurrency=args.concurrency)
             s = summarize(recs, wall, reused)
             s["ttft_s"] = sorted(r["ttft_s"] for r in recs if "ttft_s" in r)
-            s["records"] = _slim(recs)
+            s["records"] = slim_records(recs)
             out[shape]["modes"][mode] = s
             log(_row(mode, s))
-    return out
-
-
-def _slim(recs: Sequence[dict]) -> list[dict]:
-    keep = ("i", "segments", "prompt_tokens", "sched_s", "start_s", "ttft_s", "server_ttft_s", "e2e_s",
-            "hits", "misses", "tiers", "compose_s", "seams_s", "query_s", "error")
-    out = []
-    for r in recs:
-        d = {k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items() if k in keep}
-        out.append(d)
     return out
 
 
@@ -135,85 +131,14 @@ def _row(mode: str, s: dict) -> str:
             + (f"   ERRORS {s['errors']}: {s['errors_sample'][:1]}" if s["errors"] else ""))
 
 
-def sweep_trace(wl: dict, args, p: int, rate: float) -> W.Trace:
-    """The requests of sweep point p: arrivals over about --rate-window seconds (at least
-    --n-rate-min, at most --n-rate-max requests), fresh documents draws per point."""
-    n = int(min(args.n_rate_max, max(args.n_rate_min, round(rate * args.rate_window))))
-    return W.rag_trace(wl["corpus"], n, seed=args.seed * 1000 + 100 + p, rate=rate, k=tuple(args.k),
-                       zipf_s=args.zipf_s, max_prompt_tokens=args.max_prompt_tokens,
-                       popularity=wl["rag_pop"])
-
-
-def rate_sweep(mesh: Mesh, enc: Encoder, wl: dict, closed: dict, replay: PrefixReplay, args) -> dict:
-    """Per mode, a search over the rate ladder for the bracket [last rate meeting the SLO, first
-    rate missing it]: start at the highest rate at or below half the mode's own closed-loop
-    service rate, go up while the SLO holds, or down until it holds. Every point reported was
-    measured; the same trace is used at a given rate for every mode that runs it."""
-    full = closed["rag"]["modes"]["full"]
-    mu = 1.0 / full["ttft_mean_s"]
-    slo = args.slo_x * full["ttft_p50_s"]
-    xs = sorted(args.rates_x)
-    rates = [x * mu for x in xs]
-    log(f"\n== QPS sweep (RAG, Poisson): full recompute serves {mu:.3f} req/s at concurrency 1; "
-        f"SLO p90 TTFT <= {slo:.2f} s ({args.slo_x:g} x full's p50); rate ladder "
-        f"{', '.join(f'{r:.3f}' for r in rates)} req/s")
-    traces: dict[int, W.Trace] = {}
-    out = {"slo_s": slo, "slo_x_full_p50": args.slo_x, "full_service_rate_rps": mu,
-           "rates_x": xs, "rates": rates, "window_s": args.rate_window,
-           "n_per_rate": [len(sweep_trace(wl, args, p, r)) for p, r in enumerate(rates)], "modes": {}}
-    for mode in MODES:
-        own = 1.0 / closed["rag"]["modes"][mode]["ttft_mean_s"]
-        start = max([p for p, r in enumerate(rates) if r <= 0.5 * own], default=0)
-        points: dict[int, dict] = {}
-
-        def run(p: int) -> bool:
-            rate = rates[p]
-            trace = traces.setdefault(p, sweep_trace(wl, args, p, rate))
-            reused = [replay.request("rag", r) for r in trace.requests] if mode == "prefix" else None
-            recs, wall = drive(mesh.router_address, trace.requests, mode, enc,
-                               max_tokens=args.max_tokens, open_loop=True)
-            s = summarize(recs, wall, reused)
-            ok = s["ttft_p90_s"] <= slo and not s["errors"]
-            points[p] = dict(rate=rate, rate_x=xs[p], n=len(trace), ttft_p50_s=s["ttft_p50_s"],
-                             ttft_p90_s=s["ttft_p90_s"] if not s["errors"] else math.inf,
-                             ttft_p99_s=s["ttft_p99_s"], itl_mean_s=s["itl_mean_s"],
-                             throughput_rps=s["throughput_rps"], hit_rate=s["hit_rate"],
-                             hits_by_tier=s["hits_by_tier"], errors=s["errors"],
-                             errors_sample=s["errors_sample"], wall_s=wall, meets_slo=ok)
-            log(f"  {LABELS[mode]:<15} rate {rate:6.3f} req/s ({len(trace):>2} req)  TTFT p50 "
-                f"{s['ttft_p50_s']*1e3:7.0f}  p90 {s['ttft_p90_s']*1e3:7.0f} ms  "
-                f"{'meets' if ok else 'MISSES'} SLO  ({wall:.1f} s)"
-                + (f"  ERRORS {s['errors']}: {s['errors_sample'][:1]}" if s["errors"] else ""))
-            return ok
-
-        if run(start):
-            p = start + 1
-            while p < len(rates) and run(p):
-                p += 1
-        else:
-            p = start - 1
-            while p >= 0 and not run(p):
-                p -= 1
-        pts = [points[p] for p in sorted(points)]
-        q = qps_at_slo(pts, slo, closed["rag"]["modes"][mode]["ttft_p90_s"])
-        # the same points at tighter SLOs (valid: a tighter SLO is missed no later)
-        q["by_slo_x"] = {f"{x:g}": qps_at_slo(pts, x * full["ttft_p50_s"],
-                                              closed["rag"]["modes"][mode]["ttft_p90_s"])["interpolated_qps"]
-                         for x in (1.5, 2.0, 2.5, 3.0) if x <= args.slo_x}
-        out["modes"][mode] = {"points": pts, "start_rate": rates[start], **q}
-        log(f"  {LABELS[mode]:<15} QPS at SLO: {q['interpolated_qps']:.3f} (interpolated), "
-            f"{q['measured_qps']:.3f} (highest passing rate){' (lower bound)' if q['lower_bound'] else ''}")
-    return out
-
-
 def _ratio(a: float, b: float) -> float | None:
     """a / b; None when b is 0 (0/0 or x/0: no finite ratio)."""
     return a / b if b > 0 else None
 
 
 def headline(serve: dict, cold: dict | None) -> dict:
-    rag = serve["closed"]["rag"]["modes"]
-    h = dict(
+    rag = serve["closed"][serve["shape"]]["modes"]  # the --workload (RAG by default)
+    h = dict(shape=serve["shape"],
         ttft_p50_ratio_hypic_vs_prefix=rag["prefix"]["ttft_p50_s"] / rag["hypic"]["ttft_p50_s"],
         ttft_p50_ratio_hypic_vs_full=rag["full"]["ttft_p50_s"] / rag["hypic"]["ttft_p50_s"],
         ttft_p50_ratio_per_shape={shape: serve["closed"][shape]["modes"]["prefix"]["ttft_p50_s"] /
@@ -274,8 +199,16 @@ def parse_args(argv=None):
     ap.add_argument("--n-closed", type=int, default=16, help="RAG closed-loop requests per mode")
     ap.add_argument("--n-summ", type=int, default=6)
     ap.add_argument("--n-agent", type=int, default=12)
+    ap.add_argument("--n-chat", type=int, default=12)
+    ap.add_argument("--n-fewshot", type=int, default=12)
     ap.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES),
-                    help="workload shapes of the warm-up and closed loop (the sweep is RAG's)")
+                    help="workload shapes of the warm-up and closed loop")
+    ap.add_argument("--workload", choices=SHAPES, default="rag",
+                    help="the shape of the QPS sweep and the headline (a shape other than rag tags "
+                         "the output files _<workload> unless --tag is given)")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                    help="prefill modes to run (full, prefix and hypic at least: the SLO and the ratios)")
+    ap.add_argument("--no-plots", action="store_true", help="write the JSON only")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--rate-window", type=float, default=15.0,
@@ -298,25 +231,46 @@ def parse_args(argv=None):
     ap.add_argument("--base-url", default="", help="benchmark this OpenAI-compatible front "
                     "(http://host:port) instead of starting a mesh")
     ap.add_argument("--address", default="", help="benchmark this router (host:port) over gRPC")
-    ap.add_argument("--trace", type=Path, default=None, help="replay these requests (JSONL: "
-                    "segments, query, max_tokens, arrival_s) against --base-url / --address")
+    ap.add_argument("--trace", type=Path, default=None, help="replay this JSONL trace (bench/trace.py; "
+                    "bench/README.md) as the workload: against our own mesh, a closed loop in "
+                    "every mode then the QPS sweep with its arrivals scaled to each rate; against "
+                    "--base-url / --address, once at its own arrival times")
+    ap.add_argument("--write-trace", type=Path, default=None, metavar="FILE",
+                    help="write the --workload's closed-loop requests as a JSONL trace (bench/trace.py) and exit")
+    ap.add_argument("--trace-rate", type=float, default=None, help="Poisson arrivals (req/s) of --write-trace")
     ap.add_argument("--mode", default="hypic", help="prefill mode of the --base-url/--address run")
     ap.add_argument("--api-key", default="unused", help="the front's API key (--base-url)")
     ap.add_argument("--served-model", default="", help="model id at --base-url (default: the first)")
-    args = ap.parse_args(argv)
-    if "rag" not in args.shapes:
-        ap.error("--shapes must include rag (the sweep and the headline are RAG's)")
+    return settle_args(ap, ap.parse_args(argv))
+
+
+def settle_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The options' consequences: a --trace run's workload and tag, the checks, --quick's sizes."""
+    if args.trace is not None and not (args.base_url or args.address):
+        args.workload, args.shapes, args.tag = "trace", ["trace"], args.tag or "_trace"
+    elif args.workload not in args.shapes:
+        ap.error("--shapes must include the --workload (the sweep and the headline are its)")
+    if not {"full", "prefix", "hypic"} <= set(args.modes):
+        ap.error("--modes must include full, prefix and hypic")
+    args.modes = [m for m in MODES if m in args.modes]
+    if not args.tag and args.workload != "rag":
+        args.tag = f"_{args.workload}"
     if args.quick:
         args.corpus, args.doc_tokens, args.summ_pool, args.summ_tokens = 24, [16, 128], 6, [64, 192]
         args.max_prompt_tokens, args.n_warm, args.n_closed, args.n_summ, args.n_agent = 512, 4, 4, 2, 4
         args.n_rate_min, args.n_rate_max, args.rate_window = 4, 8, 2.0
         args.rates_x, args.cold_tokens, args.cold_reps = [0.5, 1.0, 2.0], 600, 1
-        args.max_tokens, args.host_bytes = 4, "1MiB"
+        args.max_tokens, args.host_bytes, args.n_chat, args.n_fewshot = 4, "1MiB", 4, 4
     return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.write_trace:
+        closed = build_workloads(args)["closed"][args.workload]
+        timed = W.with_arrivals(closed, args.trace_rate, args.seed) if args.trace_rate else closed
+        log(f"wrote {TR.write(args.write_trace, timed, args.max_tokens)}: {len(timed)} {args.workload} requests")
+        return {"trace": str(args.write_trace), "n": len(timed)}
     if args.base_url or args.address:
         return remote.main(args, argv if argv is not None else sys.argv[1:])
     t_start = time.perf_counter()
@@ -397,7 +351,7 @@ def _main(args, argv, t_start: float) -> dict:
                       doc_tokens=args.doc_tokens, k=args.k, zipf_s=args.zipf_s,
                       max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
                       summ_pool=len(wl["pool"]), summ_tokens=args.summ_tokens),
-        warm_up=run["warm"], closed=run["closed"], sweep=run["sweep"], phases_s=phases, wall_s=wall,
+        shape=args.workload, warm_up=run["warm"], closed=run["closed"], sweep=run["sweep"], phases_s=phases, wall_s=wall,
         prefix_replay=dict(max_bytes=args.prefix_cache_bytes, bytes_at_end=replay.bytes,
                            entries_at_end=len(replay.items)),
     )
@@ -411,8 +365,9 @@ def write_results(args, serve: dict, cold: dict | None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     tag, sweep = args.tag, serve["sweep"]
     (args.out / f"serve{tag}.json").write_text(json.dumps(serve, indent=1, default=json_default))
-    plot_cdf(serve["closed"], args.out / f"serve{tag}_ttft_cdf.png")
-    if sweep:
+    if not args.no_plots:
+        plot_cdf(serve["closed"], args.out / f"serve{tag}_ttft_cdf.png")
+    if sweep and not args.no_plots:
         plot_rate(sweep, args.out / f"serve{tag}_ttft_vs_rate.png")
     if cold:
         cold["command"] = serve["command"]
@@ -421,8 +376,9 @@ def write_results(args, serve: dict, cold: dict | None) -> None:
         plot_cold(cold, args.out / f"cold{tag}.png")
     wall, phases = serve["wall_s"], serve["phases_s"]
     print_closing(serve["headline"], wall)
-    log(f"wrote {args.out}/serve{tag}.json, serve{tag}_ttft_cdf.png"
-        f"{f', serve{tag}_ttft_vs_rate.png' if sweep else ''}{f', cold{tag}.json, cold{tag}.png' if cold else ''}"
+    pngs = "" if args.no_plots else f", serve{tag}_ttft_cdf.png" + (f", serve{tag}_ttft_vs_rate.png" if sweep else "")
+    log(f"wrote {args.out}/serve{tag}.json{pngs}"
+        f"{f', cold{tag}.json, cold{tag}.png' if cold else ''}"
         f" in {wall/60:.1f} min ({', '.join(f'{k} {v:.0f}' for k, v in phases.items())})")
 
 
@@ -434,7 +390,7 @@ def _model_label(args, model: Path) -> str:
 
 def print_closing(h: dict, wall: float) -> None:
     log("\n== closing note")
-    log(f"  hypic vs prefix cache, TTFT p50 (RAG, closed loop): x{h['ttft_p50_ratio_hypic_vs_prefix']:.2f} "
+    log(f"  hypic vs prefix cache, TTFT p50 ({h['shape']}, closed loop): x{h['ttft_p50_ratio_hypic_vs_prefix']:.2f} "
         f"(seed 3.25x); vs full recompute x{h['ttft_p50_ratio_hypic_vs_full']:.2f}")
     if "qps_at_slo_ratio_hypic_vs_prefix" in h:
         r = h["qps_at_slo_ratio_hypic_vs_prefix"]

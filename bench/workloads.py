@@ -1,4 +1,5 @@
-"""Request traces for bench/serve.py: RAG, multi-document summarization and agent shapes.
+"""Request traces for bench/serve.py: RAG, multi-document summarization, agent tool use, multi-turn
+chat and few-shot in-context learning.
 
 Everything is written in the closed language of bench/quality/tasks.py (the bundled model's
 word-level vocabulary: one word = one token), so a document of `n` words is a segment of `n`
@@ -20,7 +21,15 @@ Shapes
 - Agent: many short segments. A session has a fixed set of tool descriptions (drawn once per
   session from a shared pool, in the session's order), then per turn the memory files retrieved
   for that turn (2-4 from a shared pool, Zipf, random order), then the last few earlier turns of
-  the session (in order), and the new user message as the query. Sessions are interleaved.
+  the session (in order), and the new user message as the query. Sessions are interleaved. A
+  tool description is reused by every session that drew it, each in its own order.
+- Chat: multi-turn conversations. A session's first segment is its system prompt (one of a small
+  shared pool, Zipf), then its earlier turns in order (the last `turn_window`), and the new user
+  message as the query; once a session is longer than the window its oldest turn drops out, so
+  the prompt's prefix changes while most of its segments stay the same. Sessions are interleaved.
+- Few-shot: in-context learning. A request picks a task (Zipf over a few), then its instruction
+  segment, then k examples drawn from that task's pool (Zipf, without replacement, random order),
+  and a question about one example: the same examples recur in other subsets and orders.
 
 Arrivals: `rate` (requests/s) gives Poisson arrivals (exponential inter-arrival times, mean
 1/rate); rate=None gives arrival_s = 0 for all, to be driven at a fixed concurrency.
@@ -33,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from bench.quality import tasks as T
+
+SHAPES = ("rag", "summarization", "agent", "chat", "fewshot")  # the five workloads, in report order
 
 # the language's word classes (bench.quality.tasks)
 FILLER, KEYS, VALUES, NAMES = T.FILLER_WORDS, T.KEYS, T.VALUES, T.NAMES
@@ -63,6 +74,7 @@ class Request:
     doc_ids: list[int]                    # ids of the segments (corpus / pool ids), in order
     k_drawn: int = 0                      # documents drawn before the prompt budget cut (RAG)
     shape: str = "rag"
+    max_tokens: int | None = None         # this request's output budget (a replayed trace's); None: the run's
 
     @property
     def prompt_tokens(self) -> int:
@@ -278,10 +290,65 @@ def agent_trace(n: int, seed: int, rate: float | None = None, n_sessions: int = 
                                      memory_pool=memory_pool, turn_window=turn_window, zipf_s=zipf_s))
 
 
+def chat_trace(n: int, seed: int, rate: float | None = None, n_sessions: int = 4,
+               system_pool: int = 3, system_tokens: tuple[int, int] = (128, 384),
+               turn_tokens: tuple[int, int] = (24, 128), turn_window: int = 8, zipf_s: float = 1.0,
+               pools_seed: int = 0) -> Trace:
+    """Multi-turn chat (see the module docstring). Segment ids: system prompts 30000..,
+    turns 40000 + 1000·session + turn."""
+    prng = random.Random(pools_seed * 104729 + 29)
+    systems = [_short_segment(prng, 30000 + i, system_tokens) for i in range(system_pool)]
+    sys_pop = Popularity(system_pool, zipf_s, seed=pools_seed + 3)
+    rng = random.Random(seed)
+    arrivals = poisson_arrivals(random.Random(seed * 7919 + 1), rate, n)
+    sessions = [{"system": systems[sys_pop.draw(rng, 1)[0]], "turns": [], "id": s} for s in range(n_sessions)]
+    reqs = []
+    for i in range(n):
+        sess = sessions[i % n_sessions] if i < n_sessions else sessions[rng.randrange(n_sessions)]
+        segs = [sess["system"]] + sess["turns"][-turn_window:]
+        # the user asks about something said before (or in the system prompt on the first turn)
+        about = rng.choice(segs)
+        query = ("<q>", "find", rng.choice(about.keys), "<a>")
+        reqs.append(Request(i, arrivals[i], [d.words for d in segs], query, [d.id for d in segs],
+                            k_drawn=len(segs) - 1, shape="chat"))
+        t_id = 40000 + 1000 * sess["id"] + len(sess["turns"])
+        sess["turns"].append(_short_segment(rng, t_id, turn_tokens))
+    return Trace("chat", reqs, dict(seed=seed, rate=rate, n_sessions=n_sessions, system_pool=system_pool,
+                                    turn_window=turn_window, zipf_s=zipf_s))
+
+
+def fewshot_trace(n: int, seed: int, rate: float | None = None, n_tasks: int = 3,
+                  instruction_tokens: tuple[int, int] = (48, 128), examples_pool: int = 32,
+                  k: tuple[int, int] = (4, 12), example_tokens: tuple[int, int] = (48, 160),
+                  zipf_s: float = 1.0, pools_seed: int = 0) -> Trace:
+    """Few-shot in-context learning (see the module docstring). Segment ids: instructions
+    50000 + task, examples 60000 + 1000·task + example."""
+    prng = random.Random(pools_seed * 104729 + 43)
+    instructions = [_short_segment(prng, 50000 + t, instruction_tokens) for t in range(n_tasks)]
+    pools = [[_short_segment(prng, 60000 + 1000 * t + j, example_tokens) for j in range(examples_pool)]
+             for t in range(n_tasks)]
+    task_pop = Popularity(n_tasks, zipf_s, seed=pools_seed + 4)
+    ex_pops = [Popularity(examples_pool, zipf_s, seed=pools_seed + 10 + t) for t in range(n_tasks)]
+    rng = random.Random(seed)
+    arrivals = poisson_arrivals(random.Random(seed * 7919 + 1), rate, n)
+    reqs = []
+    for i in range(n):
+        t = task_pop.draw(rng, 1)[0]
+        k_drawn = rng.randint(*k)
+        shots = [pools[t][j] for j in ex_pops[t].draw(rng, k_drawn)]
+        rng.shuffle(shots)
+        segs = [instructions[t]] + shots
+        query = ("<q>", "find", rng.choice(rng.choice(shots).keys), "<a>")
+        reqs.append(Request(i, arrivals[i], [d.words for d in segs], query, [d.id for d in segs],
+                            k_drawn=k_drawn, shape="fewshot"))
+    return Trace("fewshot", reqs, dict(seed=seed, rate=rate, n_tasks=n_tasks, examples_pool=examples_pool,
+                                       k=list(k), zipf_s=zipf_s))
+
+
 def with_arrivals(trace: Trace, rate: float | None, seed: int) -> Trace:
     """The same requests with new arrival times (Poisson at `rate`, or closed loop)."""
     arr = poisson_arrivals(random.Random(seed), rate, len(trace.requests))
-    reqs = [Request(r.index, a, r.segments, r.query, r.doc_ids, r.k_drawn, r.shape)
+    reqs = [Request(r.index, a, r.segments, r.query, r.doc_ids, r.k_drawn, r.shape, r.max_tokens)
             for r, a in zip(trace.requests, arr)]
     return Trace(trace.shape, reqs, {**trace.params, "rate": rate})
 

@@ -7,7 +7,7 @@ import re
 from tests.test_layering import ROOT, import_cycle, import_graph, python_files
 
 # library modules of bench/ that the benchmarks share (a benchmark is anything else that runs)
-SHARED = {"bench/__init__.py", "bench/driver.py", "bench/workloads.py", "bench/quality/__init__.py",
+SHARED = {"bench/__init__.py", "bench/driver.py", "bench/workloads.py", "bench/trace.py", "bench/quality/__init__.py",
           "bench/quality/tasks.py"}
 
 
