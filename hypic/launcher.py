@@ -50,6 +50,25 @@ DEFAULT_DATA_DIR = Path(".hypic-data")
 KINDS = ("segcache", "scatter", "combine", "router", "front")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset narrow),
+    else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(model_processes: int, cores: int | None = None) -> int:
+    """Torch threads per model process when none are asked for: the cores shared out among the
+    scatter and combine processes, at least 1. Torch's own default is one thread per core in every
+    process, so that on 2 cores three model processes ran six threads, and a build split over two
+    threads waited for both: 14-16x slower than at 1 thread (docs/tuning.md, "Threads per
+    process"), the start's warm-up included."""
+    cores = usable_cores() if cores is None else cores
+    return max(1, cores // max(1, model_processes))
+
+
 class Mesh:
     """The local mesh; a context manager (start on enter, stop on exit)."""
 
@@ -81,7 +100,9 @@ class Mesh:
         external_combine: combine addresses the router uses instead of (or besides) the ones
         started here (n_combine may then be 0).
         gpus: CUDA device ids, one per scatter worker and then one per combine (round-robin).
-        threads: torch threads per model process (scatter/combine --threads).
+        threads: torch threads per model process (scatter/combine --threads); None: the usable
+        cores shared out among the model processes started here (`default_threads`); 0: torch's
+        own default (one per core in each).
         front: also start the OpenAI-compatible HTTP front (services.front) on front_port.
         extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}.
         tls: mutual TLS everywhere, with a throwaway CA made in data_dir/tls (hypic/certs.py);
@@ -103,7 +124,8 @@ class Mesh:
         self.dtype = dtype
         self.device = device
         self.gpus = list(gpus) if gpus else None
-        self.threads = threads
+        self.threads = (default_threads(self.n_scatter + self.n_combine) if threads is None
+                        else int(threads))
         self.env = dict(env or {})
         self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
         self.log_dir = Path(log_dir).absolute() if log_dir is not None else self.data_dir / "logs"
