@@ -1,5 +1,5 @@
 """What the router knows about the model without loading its weights: type, vocabulary size,
-fingerprint (common.engine.fingerprint) and tokenizer (services.router.tokenizer: the `tokenizers`
+fingerprint (common.engine.fingerprint) and tokenizer (common.mesh.tokenizer: the `tokenizers`
 library on tokenizer.json where that gives what transformers would, else transformers.AutoTokenizer;
 when the model directory has tokenizer files)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from common.engine.fingerprint import model_fingerprint
-from services.router.tokenizer import NO_TOKENIZER_LIMIT, load_tokenizer
+from common.mesh.tokenizer import NO_TOKENIZER_LIMIT, load_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 

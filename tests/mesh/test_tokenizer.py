@@ -1,6 +1,7 @@
-"""services.router.tokenizer: the `tokenizers` fast path gives the ids and text transformers'
-AutoTokenizer gives (its reference) on random text and ids, refuses the directories where
-transformers would change the tokenizer, and keeps torch and transformers out of the router."""
+"""common.mesh.tokenizer: the router's `tokenizers` fast path and the front's direct generic class
+give the ids, text and chat renderings transformers' AutoTokenizer gives (their reference) on
+random input, are refused for the directories where AutoTokenizer would load something else, and
+keep torch out of the router and the front (transformers too, for the router)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from hypic.launcher import DEFAULT_MODEL
-from services.router.model import Detokenizer, ModelInfo
-from services.router.tokenizer import FastTokenizer, fast_path_refusal, load_tokenizer
+from common.mesh.tokenizer import (OVERRIDDEN_MODEL_TYPES, FastTokenizer, fast_path_refusal,
+                                   load_tokenizer, load_transformers_tokenizer)
+from services.router.model import Detokenizer
 from tests.support.tiny import make_tiny_model
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +85,12 @@ def test_refused_where_transformers_would_change_the_tokenizer(tmp_path) -> None
     for name, change in cases.items():
         model = _copy_tokenizer(DEFAULT_MODEL, tmp_path / name.replace(" ", "_"), **change)
         assert fast_path_refusal(model) is not None, name
+    overridden = _copy_tokenizer(DEFAULT_MODEL, tmp_path / "qwen2")
+    (overridden / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    assert "model type 'qwen2'" in fast_path_refusal(overridden)
+    mistral = _copy_tokenizer(DEFAULT_MODEL, tmp_path / "mistral")
+    (mistral / "tekken.json").write_text("{}")
+    assert "Mistral" in fast_path_refusal(mistral)
     truncating = _copy_tokenizer(DEFAULT_MODEL, tmp_path / "truncation")
     raw = json.loads((truncating / "tokenizer.json").read_text())
     raw["truncation"] = {"direction": "Right", "max_length": 8, "strategy": "LongestFirst",
@@ -95,14 +103,57 @@ def test_refused_where_transformers_would_change_the_tokenizer(tmp_path) -> None
     assert not isinstance(load_tokenizer(model), FastTokenizer)
 
 
+def test_overridden_model_types_cover_transformers_list() -> None:
+    """A transformers upgrade that overrides one more model type's declared class fails here."""
+    from transformers.models.auto import tokenization_auto
+
+    assert set(tokenization_auto.MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS) <= OVERRIDDEN_MODEL_TYPES
+
+
+def random_messages(vocab: list[str], rng: random.Random, n: int) -> list[dict]:
+    roles = ["system", "developer", "user", "assistant", "tool"]
+    return [{"role": rng.choice(roles), "content": text} for text in random_texts(vocab, rng, n)]
+
+
+@pytest.mark.parametrize("which", ["bundled", "tiny"])
+def test_front_tokenizer_is_autotokenizers_own(which, tiny_model) -> None:
+    from transformers import AutoTokenizer
+
+    model = DEFAULT_MODEL if which == "bundled" else tiny_model
+    direct, reference = load_transformers_tokenizer(model), AutoTokenizer.from_pretrained(str(model))
+    assert type(direct) is type(reference)
+    assert direct.special_tokens_map == reference.special_tokens_map
+    assert direct.chat_template == reference.chat_template
+    assert direct.eos_token_id == reference.eos_token_id
+    rng = random.Random(30)
+    vocab = list(reference.get_vocab())
+    texts = random_texts(vocab, rng, 100)
+    assert direct(texts, add_special_tokens=False)["input_ids"] == \
+        reference(texts, add_special_tokens=False)["input_ids"]
+    if reference.chat_template:
+        for message in random_messages(vocab, rng, 100):
+            for query in (True, False):
+                assert direct.apply_chat_template([message], tokenize=False, add_generation_prompt=query) \
+                    == reference.apply_chat_template([message], tokenize=False, add_generation_prompt=query)
+
+
+PROBES = {
+    "router": "from services.router.__main__ import RouterService; "
+              "from services.router.model import ModelInfo; "
+              "assert ModelInfo.load(MODEL).encode_batch(['vufar lopo'])",
+    "front": "from services.front.app import create_app; "
+             "from services.front.segments import ChatTemplate; "
+             "assert ChatTemplate.load(MODEL).render('user', 'vufar', query=True)",
+}
+
+
 @pytest.mark.processes
-def test_the_router_loads_its_model_without_torch_or_transformers() -> None:
-    probe = ("import sys; from services.router.__main__ import RouterService; "
-             "from services.router.model import ModelInfo; "
-             f"info = ModelInfo.load({str(DEFAULT_MODEL)!r}); "
-             "assert info.encode_batch(['vufar lopo']); "
+@pytest.mark.parametrize("service", sorted(PROBES))
+def test_router_and_front_load_the_bundled_tokenizer_without_torch(service) -> None:
+    probe = (f"import sys; MODEL = {str(DEFAULT_MODEL)!r}; {PROBES[service]}; "
              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    # the front renders chat templates with transformers' own code; the router needs none of it
+    assert out.stdout.strip() == ("['transformers']" if service == "front" else "[]")
