@@ -360,7 +360,9 @@ def _add_up_parser(sub: Any) -> None:
     up.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     up.add_argument("--device", default="cpu", help="torch device of scatter and combine")
     up.add_argument("--gpus", default="", help="CUDA ids, one per scatter then combine: 0,1,2")
-    up.add_argument("--threads", type=int, default=None, help="torch threads per worker")
+    up.add_argument("--threads", type=int, default=None,
+                    help="torch threads per scatter/combine process (default: the cores divided "
+                         "among them, at least 1; 0 = torch's default, one per core each)")
     up.add_argument("--front-port", type=int, default=8000,
                     help="port of the OpenAI-compatible HTTP front; 0 = ephemeral")
     up.add_argument("--no-front", action="store_true", help="do not start the HTTP front")

@@ -15,10 +15,13 @@ benchmarks use the same class).
 
 Services and their order: mooncake (with remote_tier: the Mooncake Store master, ready when its
 RPC port accepts) → segcache, segcache1..n-1 (LMDB under data_dir/segcache, data_dir/segcache1,
-...; each given --remote-url when there is a shared tier) → scatter0..m-1 and combine0..k-1 (in
-parallel; they get every segcache address and place keys by rendezvous hashing) → router (it
-needs everybody's) → front (with front=True: the OpenAI-compatible HTTP API; ready when GET
-/health answers 200).
+...; each given --remote-url when there is a shared tier) → scatter0..m-1 and combine0..k-1 (they
+get every segcache address and place keys by rendezvous hashing) → router (it needs everybody's)
+→ front (with front=True: the OpenAI-compatible HTTP API; ready when GET /health answers 200,
+which it does once the router answers). That is the order each is waited for and reported ready;
+processes start earlier where they can (`Mesh._start_services`): the scatters and the front with
+the segcaches, on ports held for the segcaches and the router (`reserve_port`), the combines once
+segcache serves. Model processes get `default_threads` torch threads unless `threads` says.
 Each is `python -m services.<kind> --port P --port-file F ...`; ready means it wrote its port
 file and answers grpc.health.v1 SERVING. Ports are ephemeral unless given; a restarted service
 keeps its port so the others' addresses stay valid. Logs go to data_dir/logs/<name>.log.
@@ -34,6 +37,7 @@ import atexit
 import os
 import secrets
 import signal
+import socket
 import sys
 import threading
 import time
@@ -42,8 +46,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from hypic.client import Credentials
 from hypic.processes import (MASTER_BINARY, REPO_ROOT, MeshError, MooncakeMaster, Service,  # noqa: F401
-                             check_remote_url, find_master_binary, free_port, mooncake_missing,
-                             port_taken)
+                             check_remote_url, default_threads, find_master_binary, free_port,
+                             mooncake_missing, port_taken, reserve_port, usable_cores)
 
 DEFAULT_MODEL = REPO_ROOT / "models" / "hypic-tiny-qwen35"
 DEFAULT_DATA_DIR = Path(".hypic-data")
@@ -81,7 +85,9 @@ class Mesh:
         external_combine: combine addresses the router uses instead of (or besides) the ones
         started here (n_combine may then be 0).
         gpus: CUDA device ids, one per scatter worker and then one per combine (round-robin).
-        threads: torch threads per model process (scatter/combine --threads).
+        threads: torch threads per model process (scatter/combine --threads); None: the usable
+        cores shared out among the model processes started here (`default_threads`); 0: torch's
+        own default (one per core in each).
         front: also start the OpenAI-compatible HTTP front (services.front) on front_port.
         extra_args: more flags per kind or name, e.g. {"router": ["--max-in-flight", "4"]}.
         tls: mutual TLS everywhere, with a throwaway CA made in data_dir/tls (hypic/certs.py);
@@ -103,7 +109,8 @@ class Mesh:
         self.dtype = dtype
         self.device = device
         self.gpus = list(gpus) if gpus else None
-        self.threads = threads
+        self.threads = (default_threads(self.n_scatter + self.n_combine) if threads is None
+                        else int(threads))
         self.env = dict(env or {})
         self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
         self.log_dir = Path(log_dir).absolute() if log_dir is not None else self.data_dir / "logs"
@@ -269,7 +276,8 @@ class Mesh:
                 ["--https"] if self.tls else [])
         raise ValueError(f"unknown service kind {kind!r}")
 
-    def _service(self, name: str, kind: str, args: list[str], gpu: str | None = None) -> Service:
+    def _service(self, name: str, kind: str, args: list[str], gpu: str | None = None, *,
+                 port: int | None = None) -> Service:
         env = dict(self.env)
         if gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -283,7 +291,7 @@ class Mesh:
         if self.certs is not None:
             args = self.certs.flags(kind) + args
         return Service(name=name, kind=kind, args=args, run_dir=self.run_dir,
-                       log_dir=self.log_dir, host=self.host, port=self._ports[name], env=env,
+                       log_dir=self.log_dir, host=self.host, port=port or self._ports[name], env=env,
                        python=self.python, die_with_parent=self.die_with_parent,
                        credentials=self.client_credentials)
 
@@ -314,41 +322,57 @@ class Mesh:
         self._started = True
         atexit.register(self.stop)
         self._t0 = time.monotonic()
+        held = self._reserve_ports()
         try:
-            deadline = time.monotonic() + self.start_timeout_s
-            if self.use_master:
-                self._start_master(deadline)
-            seg_addr = self._start_segcaches(deadline)
-            workers = []
-            for i in range(self.n_scatter):
-                workers.append(self._service(f"scatter{i}", "scatter",
-                                             self.service_args("scatter", segcache=seg_addr),
-                                             self._gpu(i)))
-            for i in range(self.n_combine):
-                workers.append(self._service(f"combine{i}", "combine",
-                                             self.service_args("combine", segcache=seg_addr),
-                                             self._gpu(self.n_scatter + i)))
-            for svc in workers:
-                self.services[svc.name] = svc
-                svc.start()
-            for svc in workers:
-                self._wait_ready(svc, deadline)
-            router = self._service("router", "router", self.service_args(
-                "router", segcache=seg_addr, scatter=self.scatter_addresses,
-                combine=self.combine_addresses))
-            self.services["router"] = router
-            router.start()
-            self._wait_ready(router, deadline)
-            if self.use_front:
-                front = self._service("front", "front", self.service_args(
-                    "front", router=router.address))
-                self.services["front"] = front
-                front.start()
-                self._wait_ready(front, deadline)
+            self._start_services(time.monotonic() + self.start_timeout_s, held)
         except BaseException:
             self.stop()
             raise
+        finally:
+            for sock in held.values():
+                sock.close()
         return self
+
+    def _reserve_ports(self) -> dict[str, socket.socket]:
+        """Ephemeral ports held now for the segcaches and the router (name -> socket), so that the
+        services that only need their addresses start before them (`_start_services`)."""
+        names = [n for n in self.names if n == "router" or n.startswith("segcache")]
+        return {n: reserve_port(self.host) for n in names if not self._ports[n]}
+
+    def _start_services(self, deadline: float, held: dict[str, socket.socket]) -> None:
+        """Everything, each process as early as it can run, since on a small machine the start is
+        the processes' CPU (imports, model load, warm-up): the segcaches, scatters and front at
+        once (scatters reach segcache only per request; the front's /health waits for the router);
+        the combines once segcache serves (they probe its NIXL agent as they start); the router
+        once every worker serves. Ready is reported in that order."""
+        port = {n: sock.getsockname()[1] for n, sock in held.items()}
+        if self.use_master:
+            self._start_master(deadline)
+        segcaches = self._start_segcaches(port)
+        seg_addr = self.segcache_address
+        scatters = [self._run(self._service(f"scatter{i}", "scatter", self.service_args(
+            "scatter", segcache=seg_addr), self._gpu(i))) for i in range(self.n_scatter)]
+        router_address = f"{self.host}:{port.get('router') or self._ports['router']}"
+        front = self._run(self._service("front", "front", self.service_args(
+            "front", router=router_address))) if self.use_front else None
+        for svc in segcaches:
+            self._wait_ready(svc, deadline)
+        combines = [self._run(self._service(f"combine{i}", "combine", self.service_args(
+            "combine", segcache=seg_addr), self._gpu(self.n_scatter + i)))
+            for i in range(self.n_combine)]
+        for svc in scatters + combines:
+            self._wait_ready(svc, deadline)
+        router = self._run(self._service("router", "router", self.service_args(
+            "router", segcache=seg_addr, scatter=self.scatter_addresses,
+            combine=self.combine_addresses), port=port.get("router")))
+        self._wait_ready(router, deadline)
+        if front is not None:
+            self._wait_ready(front, deadline)
+
+    def _run(self, svc: Service) -> Service:
+        self.services[svc.name] = svc
+        svc.start()
+        return svc
 
     def _check_ports(self) -> None:
         """MeshError naming every fixed port that something already listens on, before any
@@ -377,21 +401,16 @@ class Mesh:
         master.start()
         self._wait_ready(master, deadline)
 
-    def _start_segcaches(self, deadline: float) -> str:
-        """Start the segcache instances (in parallel); their addresses, comma-separated."""
+    def _start_segcaches(self, port: dict[str, int]) -> list[Service]:
+        """Start the segcache instances (in parallel, on the ports in `port` where given)."""
         started = []
         for i in range(self.n_segcache):
             name = self.segcache_name(i)
             args = self.service_args("segcache")
             if i:
                 args[args.index("--data-dir") + 1] = str(self.data_dir / name)
-            svc = self._service(name, "segcache", args)
-            self.services[name] = svc
-            svc.start()
-            started.append(svc)
-        for svc in started:
-            self._wait_ready(svc, deadline)
-        return self.segcache_address
+            started.append(self._run(self._service(name, "segcache", args, port=port.get(name))))
+        return started
 
     def stop(self) -> None:
         """Stop everything: the router first, then the workers, segcache, the master last."""

@@ -204,6 +204,36 @@ def port_taken(host: str, port: int) -> bool:
     return False
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset narrow),
+    else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_threads(model_processes: int, cores: int | None = None) -> int:
+    """Torch threads per model process when none are asked for: the cores shared out among the
+    scatter and combine processes, at least 1. Torch's own default is one thread per core in every
+    process, so that on 2 cores three model processes ran six threads, and a build split over two
+    threads waited for both: 14-16x slower than at 1 thread (docs/tuning.md, "Threads per
+    process"), the start's warm-up included."""
+    cores = usable_cores() if cores is None else cores
+    return max(1, cores // max(1, model_processes))
+
+
+def reserve_port(host: str) -> socket.socket:
+    """A socket bound (not listening) to a free port of `host`, with SO_REUSEADDR: while it is
+    held the port is nobody else's (the kernel hands it out to no bind to port 0), yet a server
+    binding it with SO_REUSEADDR (gRPC's and the front's do) may listen on it. So a service's
+    address can be given to others before it starts; close the socket once it serves."""
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((host, 0))
+    return s
+
+
 def find_master_binary(python: str = sys.executable) -> str | None:
     """mooncake_master next to the interpreter (a venv's bin/), else on PATH."""
     return shutil.which(MASTER_BINARY, path=str(Path(python).parent)) or shutil.which(MASTER_BINARY)

@@ -15,7 +15,7 @@ import torch
 
 from common.engine.dtypes import check_entry_format, torch_dtype
 from common.engine.fingerprint import model_fingerprint
-from common.engine.loader import CheckpointReader, load_weights
+from common.engine.loader import CheckpointReader, built_on_meta, load_weights
 from common.engine.models import TEXT_SUBCONFIG, UnsupportedArchitecture, model_class
 from common.engine.models.base import HybridLM
 from common.engine.pic import build_entry, prefill_segments
@@ -75,7 +75,7 @@ class HybridEngine:
             raise FileNotFoundError(f"no config.json in {path}")
         model_type, cfg, text_cfg = _read_config(path)
         Model = model_class(model_type)
-        with torch.device("meta"):
+        with built_on_meta():  # every parameter comes from the checkpoint
             model = Model(text_cfg)
         reader = CheckpointReader(path, model_type)
         load_weights(model, reader, model.checkpoint_name_fn(reader), dtype, device, keep_fp32=model.fp32_params)

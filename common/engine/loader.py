@@ -7,11 +7,39 @@ Modules are built on the meta device and every parameter is replaced by the chec
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+
+# torch.nn.init's in-place initialisers (what module constructors call).
+INIT_FUNCTIONS = tuple(n for n in dir(nn.init) if n.endswith("_") and not n.startswith("_"))
+
+
+@contextmanager
+def built_on_meta() -> Iterator[None]:
+    """Build modules on the meta device with their weight initialisers as no-ops. Every parameter
+    is then replaced by the checkpoint's (load_weights refuses one left unloaded), so they would
+    compute nothing; but on the meta device torch runs normal_ / uniform_ through decompositions
+    that import torch._dynamo, 2.5 s of CPU at each model worker's start. (torch.nn.init is
+    patched for the duration, as transformers' no_init_weights does: build one model at a time.)"""
+    saved = {name: getattr(nn.init, name) for name in INIT_FUNCTIONS}
+    try:
+        for name in saved:
+            setattr(nn.init, name, _leave_as_is)
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+def _leave_as_is(tensor: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    return tensor
 
 
 class CheckpointError(ValueError):

@@ -7,6 +7,7 @@
 - transport: nixl_util (the NIXL agent wrapper), nixl_listen
 - clients: segcache_client, segcache_ring (rendezvous placement over segcache members)
 - request checks: checks (what a model worker checks of a plan before any compute)
+- tokenizer: the router's and the front's tokenizer, loaded without torch where that is exact
 
 Of the engine it uses only its pure-Python rules (fingerprint, checksum, modes); it never loads
 a model: the processes that serve one (scatter, combine) do. Imports no service (tests/test_layering.py).

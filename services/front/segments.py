@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
+from common.mesh.tokenizer import load_transformers_tokenizer
 from services.front.config import MODE_NAMES
 from services.front.errors import bad_request
 
@@ -46,9 +47,8 @@ class ChatTemplate:
 
     @classmethod
     def load(cls, model_dir: Path) -> "ChatTemplate":
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(str(model_dir)))
+        # AutoTokenizer's, without its torch import where it would pick the generic class
+        return cls(load_transformers_tokenizer(model_dir))
 
     def render(self, role: str, text: str, *, query: bool) -> str:
         if not self.has_template:

@@ -1,6 +1,7 @@
 """What the router knows about the model without loading its weights: type, vocabulary size,
-fingerprint (common.engine.fingerprint) and tokenizer (transformers.AutoTokenizer, when the model
-directory has tokenizer files)."""
+fingerprint (common.engine.fingerprint) and tokenizer (common.mesh.tokenizer: the `tokenizers`
+library on tokenizer.json where that gives what transformers would, else transformers.AutoTokenizer;
+when the model directory has tokenizer files)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from common.engine.fingerprint import model_fingerprint
+from common.mesh.tokenizer import NO_TOKENIZER_LIMIT, load_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
@@ -37,8 +39,6 @@ def read_model_config(path: Path) -> tuple[str, int, dict]:
     return model_type, int(vocab), raw
 
 
-# What transformers writes as model_max_length when a tokenizer has no limit (int(1e30)).
-NO_TOKENIZER_LIMIT = int(1e30)
 # Keys that record the trained context length: Hugging Face configs, top level or in the text
 # sub-config of a multimodal one (the smallest found applies).
 LENGTH_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
@@ -65,7 +65,7 @@ class ModelInfo:
     model_type: str
     vocab_size: int
     fingerprint: str
-    tokenizer: Any = None  # a transformers tokenizer, or None (token ids only)
+    tokenizer: Any = None  # a FastTokenizer or transformers tokenizer, or None (token ids only)
     # The longest prompt the model takes (model_max_len); None when nothing in the directory says.
     max_model_len: int | None = None
 
@@ -75,9 +75,7 @@ class ModelInfo:
         model_type, vocab, raw = read_model_config(path)
         tok = None
         if tokenizer and any((path / f).exists() for f in TOKENIZER_FILES):
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(str(path))
+            tok = load_tokenizer(path)
         limit = model_max_len(raw, tok)
         if tok is not None:
             # The router checks prompt lengths itself (a clean INVALID_ARGUMENT); without this

@@ -121,3 +121,44 @@ def _check_info(m: Mesh, capsys) -> None:
     assert cache["tiers"]["host"]["bytes"] == 0
     assert main(["info", "--address", m.router_address, "--data-dir", str(m.data_dir / "x")]) == 0
     assert json.loads(capsys.readouterr().out)["front"] is None
+
+
+def test_threads_default_shares_the_cores_among_model_processes(tmp_path) -> None:
+    from hypic.processes import default_threads
+
+    assert default_threads(3, cores=2) == 1   # hypic up on 2 cores: 2 scatters + a combine
+    assert default_threads(3, cores=16) == 5
+    assert default_threads(1, cores=8) == 8
+    assert default_threads(0, cores=4) == 4   # no model process here: nothing to share
+    assert default_threads(8, cores=2) == 1   # never 0 (0 would mean torch's default)
+
+    def threads_flag(**kw) -> str | None:
+        args = Mesh(tmp_path / "model", tmp_path / "data", **kw).service_args("combine")
+        return args[args.index("--threads") + 1] if "--threads" in args else None
+
+    assert threads_flag(n_scatter=2) == str(default_threads(3))
+    assert threads_flag(n_scatter=2, threads=4) == "4"
+    assert threads_flag(n_scatter=2, threads=0) is None  # torch's own default, as asked
+
+
+def test_a_reserved_port_is_nobody_elses_yet_a_server_listens_on_it() -> None:
+    import socket
+
+    from hypic.processes import reserve_port
+
+    held = reserve_port("127.0.0.1")
+    port = held.getsockname()[1]
+    try:
+        plain = socket.socket()
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))  # a bind without SO_REUSEADDR is refused
+        plain.close()
+        server = socket.socket()  # a server as ours bind: SO_REUSEADDR, then listen
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        server.close()
+    finally:
+        held.close()

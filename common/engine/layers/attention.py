@@ -1,7 +1,6 @@
 """Causal attention of new queries over a per-layer key/value state."""
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from common.engine.state import AttentionLayerState
 
@@ -27,6 +26,10 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     elif Tq == Tk:
         out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale)
     else:  # other devices: a lower-right causal bias, which CUDA kernels take without a mask
+        # Imported here: torch.nn.attention.bias imports torch._dynamo, 2.5 s of CPU at every
+        # worker's start, and the CPU path above never needs it.
+        from torch.nn.attention.bias import causal_lower_right
+
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal_lower_right(Tq, Tk), scale=scale)
     return out.transpose(1, 2)
 
