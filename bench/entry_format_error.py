@@ -10,8 +10,10 @@
 2. Next-token distribution, every architecture's tiny random model (tests.support.tiny): three
    segments and a query, prefilled with hypic reuse of entries stored in each format; KL(full || hypic)
    in nats at the query's last token against full recompute, and KL(hypic fp32 entries || format).
+3. The same on the mid-size random model (bench.random_model, --random-model; '' to skip): longer
+   segments (MID_LENGTHS) on a model of a realistic shape, whose states are larger.
 
-Small sizes throughout: it runs on the CPU in a minute or two.
+Small sizes for 1 and 2: they run on the CPU in a minute or two; 3 adds a few minutes.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.random_model import describe, parse_spec, save_random_model
 from common.engine.hybrid_engine import HybridEngine
 from common.engine.pic.compact import ENTRY_FORMATS, round_trip
 from common.engine.pic.entry import SegmentEntry
@@ -34,6 +37,8 @@ from tests.support.tiny import PIC_CONFIGS, save_tiny
 
 SEGMENT_LENGTHS = (37, 5, 64, 101)
 H, K, V = 4, 32, 32
+TINY_LENGTHS, TINY_QUERY = (23, 9, 40), 6  # segments and query of the tiny models' prompt
+MID_LENGTHS, MID_QUERY = (96, 29, 160), 8  # the mid-size random model's
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -97,12 +102,13 @@ def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return max((p.exp() * (p - q)).sum().item(), 0.0)
 
 
-def model_kl(model_type: str, seed: int, tmp: Path) -> dict:
-    path = save_tiny(model_type, tmp / model_type, seed=seed, **PIC_CONFIGS[model_type])
-    eng = HybridEngine.from_pretrained(path, dtype=torch.float32)
+def model_kl(path: Path, seed: int, lengths=TINY_LENGTHS, query_len: int = TINY_QUERY) -> dict:
+    """Per format: KL at the query's last token of hypic (seam 8) with entries stored in that format
+    against full recompute and against fp32 entries, and the entries' bytes; random token ids."""
+    eng = HybridEngine.from_pretrained(path, dtype=torch.float32, load_tokenizer=False)
     gen = torch.Generator().manual_seed(seed)
-    segs = [torch.randint(0, eng.vocab_size, (n,), generator=gen).tolist() for n in (23, 9, 40)]
-    query = torch.randint(0, eng.vocab_size, (6,), generator=gen).tolist()
+    segs = [torch.randint(0, eng.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+    query = torch.randint(0, eng.vocab_size, (query_len,), generator=gen).tolist()
     full = eng.prefill_segments(segs, query, mode="full").logits
     e32 = [eng.build_entry(s, 8) for s in segs]
     out, fp32_logits = {}, None
@@ -120,8 +126,21 @@ def main():
     ap.add_argument("--out", default="bench/results/entry_format_error.json")
     ap.add_argument("--models", default=",".join(sorted(PIC_CONFIGS)))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--random-model", default="hidden=1024,layers=16,ratio=3:1",
+                    help="the mid-size random model's spec (bench.random_model); '' to skip")
+    ap.add_argument("--mid-size-only", action="store_true",
+                    help="only the mid-size random model's figures, added to the results already at --out")
     a = ap.parse_args()
     t0 = time.time()
+    if a.mid_size_only:
+        res = json.loads(Path(a.out).read_text())
+        with tempfile.TemporaryDirectory() as d:
+            res["next_token_mid_size"] = mid_size_kl(a.random_model, a.seed + 5, Path(d))
+        res["mid_size_seconds"] = round(time.time() - t0, 1)
+        res.setdefault("next_token_tiny_prompt", dict(segment_lengths=TINY_LENGTHS, query_tokens=TINY_QUERY))
+        Path(a.out).write_text(json.dumps(res, indent=1))
+        print("wrote", a.out)
+        return
     comp = {f: composition_error(f, a.seed + i) for i, f in enumerate(FAMILIES) if f != "mamba"}
     for f, r in comp.items():
         print(f"{f:16s} {r['form']:7s} " + " ".join(
@@ -129,15 +148,33 @@ def main():
     kl = {}
     with tempfile.TemporaryDirectory() as d:
         for m in a.models.split(","):
-            kl[m] = model_kl(m, a.seed + 5, Path(d))
-            print(f"{m:18s} " + " ".join(f"{fmt}: {kl[m][fmt]['kl_vs_full']:.1e}/{kl[m][fmt]['kl_vs_fp32_entries']:.1e}"
-                                         for fmt in ENTRY_FORMATS))
+            path = save_tiny(m, Path(d) / m, seed=a.seed + 5, **PIC_CONFIGS[m])
+            kl[m] = model_kl(path, a.seed + 5)
+            _print_kl(m, kl[m])
+        mid = mid_size_kl(a.random_model, a.seed + 5, Path(d)) if a.random_model else None
     res = dict(seed=a.seed, segment_lengths=SEGMENT_LENGTHS, heads=H, K=K, V=V, composition=comp, next_token=kl,
+               next_token_tiny_prompt=dict(segment_lengths=TINY_LENGTHS, query_tokens=TINY_QUERY),
+               next_token_mid_size=mid,
                seconds=round(time.time() - t0, 1),
                note="composition: relative Frobenius error of the end state (vs fp32 entries / vs fp64 run); "
                     "next_token: KL nats at the query's last token (vs full recompute / vs fp32 entries)")
     Path(a.out).write_text(json.dumps(res, indent=1))
     print("wrote", a.out)
+
+
+def mid_size_kl(spec: str, seed: int, tmp: Path) -> dict:
+    """model_kl on the mid-size random model `spec` (bench.random_model), with longer segments."""
+    spec = parse_spec(spec)
+    path = save_random_model(spec, tmp / "random")
+    mid = dict(model=describe(spec), segment_lengths=MID_LENGTHS, query_tokens=MID_QUERY,
+               **model_kl(path, seed, MID_LENGTHS, MID_QUERY))
+    _print_kl("mid-size random", mid)
+    return mid
+
+
+def _print_kl(name: str, r: dict) -> None:
+    print(f"{name:18s} " + " ".join(f"{fmt}: {r[fmt]['kl_vs_full']:.1e}/{r[fmt]['kl_vs_fp32_entries']:.1e}"
+                                    for fmt in ENTRY_FORMATS))
 
 
 if __name__ == "__main__":

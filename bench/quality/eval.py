@@ -14,6 +14,10 @@ the answer has; a prompt counts when every decoded token is right.
                 written before the rename, which bench.results_json reads as "additive")
     hypic_w{w}  Hypic with a seam window of w tokens, w in 0, 2, 4, 8, 16
 
+With --entry-formats fp32 bf16 fp8 (written to quality_formats.json / quality_formats.md): full
+recompute and hypic w=8 with its entries stored in each format, through the mesh's path, paired
+prompt by prompt with fp32 entries (bench.quality.formats).
+
 With --cut (written to quality_cut.json / quality_cut.md instead): the cost of cutting long
 segments. The prompt's documents are joined into one long document (~450 tokens), then cached
     cut_whole   as one entry (the router's keep_whole), or
@@ -57,9 +61,11 @@ import torch
 from tqdm import tqdm
 
 from bench.plots import pyplot
+from bench.quality import formats
 from bench.quality import tasks as T
 from common.engine.cut import cut_segment
 from common.engine.drift import measure_drift, query_divergence
+from common.engine.dtypes import ENTRY_FORMATS
 from common.engine.hybrid_engine import HybridEngine
 from common.engine.modes import LABELS
 from common.engine.modes import MODES as PREFILL_MODES
@@ -144,7 +150,7 @@ def run_prompt(engine, segments, query, answer, modes=MODES, order: str = "layer
     (measure_drift: "agreement")."""
     res: dict[str, dict] = {}
     entries: dict[int, list] = {}
-    full_logits = []
+    full_logits, format_logits = [], {}
     prompt = [t for seg in segments for t in seg] + list(query)
 
     def record(name, out):
@@ -154,6 +160,8 @@ def run_prompt(engine, segments, query, answer, modes=MODES, order: str = "layer
         res[name] = {"pred": pred, "ok": pred == answer, "margin": min(margins[: len(answer)])}
         if name == "full":
             full_logits.append(out.logits)
+        if "@" in name:
+            format_logits[name] = out.logits
         if full_logits:
             res[name]["kl"], res[name]["top1"] = query_divergence(full_logits[0], out.logits)
         if drift_steps:
@@ -162,6 +170,8 @@ def run_prompt(engine, segments, query, answer, modes=MODES, order: str = "layer
     for name in modes:
         if name == "full":
             record(name, engine.prefill_segments(segments, query, mode="full"))
+        elif "@" in name:  # hypic_w{w}@{format}
+            record(name, formats.prefill_at_format(engine, segments, query, name, order))
         elif name == "prefix":
             engine.prefix_cache.clear()
             half = len(segments) // 2
@@ -189,6 +199,7 @@ def run_prompt(engine, segments, query, answer, modes=MODES, order: str = "layer
             record(name, out)
         else:
             raise ValueError(f"unknown mode {name!r}")
+    formats.pair(res, format_logits)
     return res
 
 
@@ -282,10 +293,12 @@ def evaluate(model: Path, n: int, tasks=T.TASKS, modes=MODES, order: str = "laye
     top1: dict = {t: {m: [] for m in modes} for t in tasks}
     agree: dict = {t: {m: [] for m in modes} for t in tasks}
     reused: list[int] = []
+    paired: dict = {}
     for job, chunk_res in zip(jobs, results):
         task = job[0]
         for i, (ntok, res) in zip(range(job[1], job[2]), chunk_res):
             n_tokens[task].append(ntok)
+            formats.collect(paired, task, res)
             if "prefix" in res:
                 reused.append(res["prefix"]["reused"])
             for m in modes:
@@ -312,12 +325,15 @@ def evaluate(model: Path, n: int, tasks=T.TASKS, modes=MODES, order: str = "laye
                                    "max": max(reused)} if reused else None,
         "detail": detail,
         **drift_figures(modes, tasks, kl, top1, agree),
+        **formats.paired_figures(paired, wilson),
         "eval_s": round(time.perf_counter() - t0, 1),
     }
 
 
 # -- outputs ---------------------------------------------------------------------------------------
 def label(mode: str) -> str:
+    if "@" in mode:
+        return formats.label(mode)
     if mode.startswith("cut"):
         return "one document, whole" if mode == "cut_whole" else f"cut at L={mode[len('cut'):]}"
     return f"hypic w={mode[len('hypic_w'):]}" if mode.startswith("hypic_w") else LABELS[mode]
@@ -346,7 +362,7 @@ def markdown_table(res: dict) -> str:
     for t in tasks:
         d = res["delta_vs_full"][t]
         lines.append(f"| {t} | " + " | ".join(f"{d[m]:+.1f}" for m in modes if m != "full") + " |")
-    return "\n".join(lines + drift_tables(res))
+    return "\n".join(lines + drift_tables(res) + formats.paired_table(res))
 
 
 def drift_tables(res: dict) -> list[str]:
@@ -410,13 +426,17 @@ def main(argv=None) -> int:
                     help="a subset of the modes (quick checks; the published table has them all)")
     ap.add_argument("--cut", action="store_true", help="measure the cost of cutting long segments "
                     "(quality_cut.json, quality_cut.md)")
+    ap.add_argument("--entry-formats", nargs="+", default=None, choices=ENTRY_FORMATS,
+                    help="full recompute and hypic w=8 with entries stored in each format, paired with fp32 "
+                    "(quality_formats.json, quality_formats.md)")
     ap.add_argument("--drift-n", type=int, default=DRIFT_N,
                     help=f"prompts per task with the {DRIFT_STEPS}-token decode agreement (0: none)")
     ap.add_argument("--merge-drift", type=int, default=0, metavar="N",
                     help="add to the published quality.json (same weights) its Wilson intervals and the drift "
                     "figures over its first N prompts per task, without re-running its accuracies")
     args = ap.parse_args(argv)
-    modes = CUT_MODES if args.cut else tuple(args.modes or MODES)
+    fmts = args.entry_formats and [formats.REFERENCE] + [f for f in args.entry_formats if f != formats.REFERENCE]
+    modes = CUT_MODES if args.cut else ("full", *map(formats.format_mode, fmts)) if fmts else tuple(args.modes or MODES)
     if "full" in modes:  # first: the other modes' KL and top-1 agreement are against its logits
         modes = ("full",) + tuple(m for m in modes if m != "full")
     if args.merge_drift:
@@ -425,14 +445,16 @@ def main(argv=None) -> int:
         return 0
     res = evaluate(args.model, args.n, tuple(args.tasks), modes,
                    order=args.order, workers=args.workers, threads=args.threads,
-                   drift_n=0 if args.cut else min(args.drift_n, args.n))
+                   drift_n=0 if args.cut or fmts else min(args.drift_n, args.n))
     try:
         model_rel = str(args.model.resolve().relative_to(ROOT))
     except ValueError:
         model_rel = str(args.model)
     res = {"model": model_rel, "fingerprint": load_engine(args.model).fingerprint, "eval_seed": T.EVAL_SEED,
            "docs_per_prompt": T.EVAL_DOCS, "threads": args.threads, **res}
-    write_results(res, args.out, "quality_cut" if args.cut else "quality", "--cut" if args.cut else "")
+    name, flags = ("quality_cut", "--cut") if args.cut else ("quality_formats", "--entry-formats " + " ".join(fmts)) \
+        if fmts else ("quality", "")
+    write_results(res, args.out, name, flags)
     return 0
 
 

@@ -131,7 +131,35 @@ def render(model_dir: Path, results_dir: Path) -> str:
     cfg = json.loads((model_dir / "config.json").read_text())
     q = results_json.load(results_dir / "quality.json")
     card = model_card(model_dir, results_dir)
-    return "\n".join(_model_lines(cfg, log, card) + _training_lines(log) + _quality_lines(q, log))
+    formats = results_dir / "quality_formats.json"
+    return "\n".join(_model_lines(cfg, log, card) + _training_lines(log) + _quality_lines(q, log)
+                     + (_format_lines(results_json.load(formats)) if formats.exists() else []))
+
+
+def _format_lines(f: dict) -> list[str]:
+    """The entry storage formats' section (bench/quality/results/quality_formats.json)."""
+    ref, paired, n = f["reference_format"], f["paired"], f["n_per_task"]
+    modes = [m for m in f["modes"] if any(m in per for per in paired.values())]
+
+    def summary(m: str) -> str:
+        figs = [per[m] for per in paired.values()]
+        worst = max(abs(x["delta_pts"]) for x in figs)
+        return (f"{E.label(m)}: {sum(x['differ'] for x in figs)} of {sum(x['n'] for x in figs)} answers differ from "
+                f"{ref} entries', the largest accuracy difference on a task is {worst:.1f} points, and the largest "
+                f"KL({ref} entries || format) at the query {max(x['kl_vs_reference_max'] for x in figs):.1e} nats")
+
+    return [
+        "## Entry storage formats",
+        "",
+        f"The same {n} held-out prompts per task through the mesh's path with hypic w=8's entries stored in each "
+        "format (`python -m bench.quality.eval --entry-formats`: built at the format, to bytes and back, the "
+        f"combine's check, composed), paired prompt by prompt with {ref} entries.",
+        "",
+        E.markdown_table(f),
+        "",
+        *[f"- {summary(m)}." for m in modes],
+        "",
+    ]
 
 
 def _model_lines(cfg: dict, log: dict, card: dict) -> list[str]:

@@ -38,6 +38,14 @@ def dtype_name(dtype: Any) -> str:
 # Storage formats of an entry's linear part (common.engine.pic.compact); named here, beside the
 # dtypes, so that worker configs (common.mesh) check the name without loading the engine.
 ENTRY_FORMATS = ("fp32", "bf16", "fp8")
+# The format model workers (scatter, combine) store entries in unless configured otherwise
+# (WorkerConfig.entry_format, HybridEngine.for_worker). bf16 because it was measured lossless in
+# practice: on the bundled model's quality tasks no answer differs from fp32 entries'
+# (bench/quality/results/quality_formats.json) and the next-token KL it adds is <= 1e-5 nats on
+# every tiny architecture and the mid-size random model (bench/results/entry_format_error.json),
+# for half the bytes of T and S. A library HybridEngine keeps exact fp32 entries
+# (common.engine.pic.compact.DEFAULT_ENTRY_FORMAT: the format an entry is built and composed in).
+WORKER_ENTRY_FORMAT = "bf16"
 
 
 def check_entry_format(name: str) -> str:

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from common.engine.dtypes import check_entry_format, torch_dtype
+from common.engine.dtypes import WORKER_ENTRY_FORMAT, check_entry_format, torch_dtype
 from common.engine.fingerprint import model_fingerprint
 from common.engine.loader import CheckpointReader, built_on_meta, load_weights
 from common.engine.models import TEXT_SUBCONFIG, UnsupportedArchitecture, model_class
@@ -89,7 +89,7 @@ class HybridEngine:
 
     @classmethod
     def for_worker(cls, path: str | Path, dtype: str, device: str, threads: int = 0,
-                   entry_format: str = DEFAULT_ENTRY_FORMAT) -> "HybridEngine":
+                   entry_format: str = WORKER_ENTRY_FORMAT) -> "HybridEngine":
         """The engine a model worker (scatter, combine) serves: the checkpoint at `path` in the
         dtype named `dtype` on `device`, torch limited to `threads` (0: torch's default), no
         tokenizer (the router tokenizes)."""

@@ -28,7 +28,9 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence, TypeVar
 
-from common.engine.dtypes import DTYPE_NAMES, ENTRY_FORMATS, check_dtype_name, check_entry_format
+from common.engine.dtypes import (
+    DTYPE_NAMES, ENTRY_FORMATS, WORKER_ENTRY_FORMAT, check_dtype_name, check_entry_format,
+)
 from common.mesh.fields import field_help
 from common.mesh.tls import TlsConfig
 
@@ -234,7 +236,7 @@ class WorkerConfig(ServiceConfig):
     device: str = dataclasses.field(default="cpu", metadata=field_help("torch device of the model"))
     threads: int = dataclasses.field(default=0, metadata=field_help("torch intra-op threads; 0 = torch's default"))
     entry_key_file: Optional[Path] = dataclasses.field(default=None, metadata=field_help(ENTRY_KEY_HELP))
-    entry_format: str = dataclasses.field(default="fp32", metadata=field_help(
+    entry_format: str = dataclasses.field(default=WORKER_ENTRY_FORMAT, metadata=field_help(
         "storage of entries' T and S: " + " | ".join(ENTRY_FORMATS) + " (every worker of a mesh the same; a combine "
         "rounds an fp32 entry to its format and rebuilds an entry of another compact format itself)"))
 

@@ -96,6 +96,18 @@ class Service:
             raise
 
 
+# The model workers' entries are pinned to fp32 here (workers default to bf16,
+# common.engine.dtypes.WORKER_ENTRY_FORMAT): these tests compare what the workers compute with the
+# in-process `engine` fixture's exact fp32 entries and logits, bit for bit or at 1e-4, and are about
+# the workers' calls, not the storage format (tests/engine/pic/test_entry_formats.py and
+# bench.quality.eval --entry-formats measure bf16). A test may pass its own --entry-format.
+MODEL_WORKERS = ("services.scatter", "services.combine")
+PINNED_ENTRY_FORMAT = "fp32"
+# The same pin for a whole mesh (hypic.launcher.Mesh(env=...)) whose answers a test compares with an
+# in-process engine's at 1e-4.
+FP32_ENTRIES_ENV = {f"HYPIC_{kind}_ENTRY_FORMAT": PINNED_ENTRY_FORMAT for kind in ("SCATTER", "COMBINE")}
+
+
 class WorkerMesh:
     """segcache, scatter and combine processes of one test package, and a port that refuses."""
 
@@ -110,6 +122,8 @@ class WorkerMesh:
 
     def start(self, name: str, module: str, *args: str) -> Service:
         port_file = self.tmp / f"{name}.port.json"
+        if module in MODEL_WORKERS and "--entry-format" not in args:
+            args = (*args, "--entry-format", PINNED_ENTRY_FORMAT)
         return self.start_argv(name, ["-m", module, "--port", "0", "--port-file", str(port_file), *args])
 
     def start_argv(self, name: str, argv: list[str]) -> Service:

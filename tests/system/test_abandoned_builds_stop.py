@@ -27,6 +27,7 @@ from hypic.launcher import Mesh
 from protos.hypic.v1 import scatter_pb2 as scatter_pb
 from protos.hypic.v1 import scatter_pb2_grpc as scatter_grpc
 from tests.support.tiny import PIC_CONFIGS, save_tiny
+from tests.support.worker_mesh import FP32_ENTRIES_ENV
 
 SEAM = 8
 DEEP = dict(PIC_CONFIGS["qwen3_5_text"], num_hidden_layers=12,
@@ -110,7 +111,7 @@ def scatter_events(mesh, event: str) -> list[dict]:
 @pytest.mark.timeout(600)
 def test_abandoned_requests_stop_running_builds(model, engine, tmp_path, fresh_seed):
     g = random.Random(fresh_seed)
-    with Mesh(model, tmp_path, n_scatter=1, threads=1, seam=SEAM, start_timeout_s=180,
+    with Mesh(model, tmp_path, n_scatter=1, threads=1, seam=SEAM, start_timeout_s=180, env=FP32_ENTRIES_ENV,
               extra_args={"router": ["--max-prompt-tokens", "40000", "--cut-tokens", "0"],
                           "scatter": ["--metrics-port", "0"]}) as mesh:
         port = mesh["scatter0"].info["metrics_port"]
@@ -159,7 +160,7 @@ def test_an_abandoned_request_stops_combines_local_build(model, engine, tmp_path
     """No scatter: combine builds the misses itself, on its engine thread; the running build
     stops between layers when the request goes away, and the next request is served."""
     g = random.Random(fresh_seed)
-    with Mesh(model, tmp_path, n_scatter=0, threads=1, seam=SEAM, start_timeout_s=180,
+    with Mesh(model, tmp_path, n_scatter=0, threads=1, seam=SEAM, start_timeout_s=180, env=FP32_ENTRIES_ENV,
               extra_args={"router": ["--max-prompt-tokens", "40000", "--cut-tokens", "0"]}) as mesh:
         with hypic.Client(mesh.router_address, timeout=120) as c:
             c.generate(segments=[doc(g, 40)], query=[3, 4], max_tokens=1, stream=False)  # warm

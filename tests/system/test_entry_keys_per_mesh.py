@@ -21,6 +21,7 @@ from common.engine.hybrid_engine import HybridEngine
 from common.mesh.segcache_client import SegcacheClient
 from hypic.launcher import Mesh
 from tests.support.tiny import PIC_CONFIGS, save_tiny
+from tests.support.worker_mesh import FP32_ENTRIES_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 SEAM = 8
@@ -59,11 +60,13 @@ def test_entries_of_a_mesh_with_another_key_are_dropped_and_rebuilt(model, tmp_p
         assert (torch.tensor(res.logits) - ref.logits).abs().max() < 1e-4
         return res
 
-    with Mesh(model, data, n_scatter=1, threads=1, seam=SEAM, entry_key_file=key_file(tmp_path / "a.key")) as a:
+    with Mesh(model, data, n_scatter=1, threads=1, seam=SEAM, entry_key_file=key_file(tmp_path / "a.key"),
+              env=FP32_ENTRIES_ENV) as a:
         assert ask(a).timings.misses == len(segs)
         assert ask(a).timings.hits == len(segs)  # stored, and they open under key A
         assert forged_drops(a) == 0
-    with Mesh(model, data, n_scatter=1, threads=1, seam=SEAM, entry_key_file=key_file(tmp_path / "b.key")) as b:
+    with Mesh(model, data, n_scatter=1, threads=1, seam=SEAM, entry_key_file=key_file(tmp_path / "b.key"),
+              env=FP32_ENTRIES_ENV) as b:
         ask(b)  # the router sees A's entries in segcache; combine finds them forged, rebuilds
         assert forged_drops(b) == len(segs)
         again = ask(b)  # B's own rebuilds replaced them

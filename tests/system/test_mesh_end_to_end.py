@@ -21,6 +21,7 @@ from hypic.launcher import Mesh
 from protos.hypic.v1 import router_pb2 as router_pb
 from protos.hypic.v1 import router_pb2_grpc as router_grpc
 from tests.support.tiny import PIC_CONFIGS, save_tiny
+from tests.support.worker_mesh import FP32_ENTRIES_ENV
 
 pytestmark = pytest.mark.processes
 
@@ -40,7 +41,7 @@ def engine(model) -> HybridEngine:
 @pytest.fixture(scope="module")
 def mesh(model, tmp_path_factory):
     with Mesh(model, tmp_path_factory.mktemp("data"), n_scatter=2, threads=1, seam=SEAM,
-              start_timeout_s=180, extra_args={"router": ["--max-prompt-tokens", "6000"]}) as m:
+              start_timeout_s=180, env=FP32_ENTRIES_ENV, extra_args={"router": ["--max-prompt-tokens", "6000"]}) as m:
         yield m
     assert m.exit_codes and all(c == 0 for c in m.exit_codes.values()), m.exit_codes  # clean SIGTERM exits
 

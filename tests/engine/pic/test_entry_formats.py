@@ -143,7 +143,7 @@ def test_worker_configs_check_the_entry_format():
 
     from services.scatter.config import ScatterConfig
 
-    assert ScatterConfig(model=Path("m")).entry_format == "fp32"
+    assert ScatterConfig(model=Path("m")).entry_format == "bf16"  # WORKER_ENTRY_FORMAT: workers store bf16
     assert ScatterConfig(model=Path("m"), entry_format="bf16").entry_format == "bf16"
     with pytest.raises(ValueError, match="entry format must be one of"):
         ScatterConfig(model=Path("m"), entry_format="int4")

@@ -15,6 +15,7 @@ from common.engine.cut import cut_segments
 from common.engine.hybrid_engine import HybridEngine
 from hypic.launcher import Mesh
 from tests.support.tiny import PIC_CONFIGS, save_tiny
+from tests.support.worker_mesh import FP32_ENTRIES_ENV
 
 SEAM = 4
 CUT = 16
@@ -39,7 +40,7 @@ def test_long_segments_are_cut_into_reused_pieces_unless_kept_whole(model, tmp_p
     # The cut changes the answer's logits (else this test could not tell cut from whole).
     assert (cut_ref.logits - whole_ref.logits).abs().max() > 1e-3
 
-    with Mesh(model, tmp_path / "data", n_scatter=2, threads=1, seam=SEAM,
+    with Mesh(model, tmp_path / "data", n_scatter=2, threads=1, seam=SEAM, env=FP32_ENTRIES_ENV,
               extra_args={"router": ["--cut-tokens", str(CUT)]}) as mesh, \
             hypic.Client(mesh.router_address, timeout=120) as c:
         def ask(segments, **kw):
