@@ -19,9 +19,8 @@ RPC port accepts) → segcache, segcache1..n-1 (LMDB under data_dir/segcache, da
 get every segcache address and place keys by rendezvous hashing) → router (it needs everybody's)
 → front (with front=True: the OpenAI-compatible HTTP API; ready when GET /health answers 200,
 which it does once the router answers). That is the order each is waited for and reported ready;
-processes start earlier where they can (`Mesh._start_services`): the scatters and the front with
-the segcaches, on ports held for the segcaches and the router (`reserve_port`), the combines once
-segcache serves. Model processes get `default_threads` torch threads unless `threads` says.
+processes start earlier where they can (`Mesh._start_services`): the scatters, the combines and
+the front with the segcaches, on ports held for the segcaches and the router (`reserve_port`). Model processes get `default_threads` torch threads unless `threads` says.
 Each is `python -m services.<kind> --port P --port-file F ...`; ready means it wrote its port
 file and answers grpc.health.v1 SERVING. Ports are ephemeral unless given; a restarted service
 keeps its port so the others' addresses stay valid. Logs go to data_dir/logs/<name>.log.
@@ -341,9 +340,9 @@ class Mesh:
 
     def _start_services(self, deadline: float, held: dict[str, socket.socket]) -> None:
         """Everything, each process as early as it can run, since on a small machine the start is
-        the processes' CPU (imports, model load, warm-up): the segcaches, scatters and front at
-        once (scatters reach segcache only per request; the front's /health waits for the router);
-        the combines once segcache serves (they probe its NIXL agent as they start); the router
+        the processes' CPU (imports, model load, warm-up): the segcaches, scatters, combines and
+        front at once (workers reach segcache per request, and a combine probes its NIXL agent in
+        the background until it answers; the front's /health waits for the router); the router
         once every worker serves. Ready is reported in that order."""
         port = {n: sock.getsockname()[1] for n, sock in held.items()}
         if self.use_master:
@@ -355,12 +354,10 @@ class Mesh:
         router_address = f"{self.host}:{port.get('router') or self._ports['router']}"
         front = self._run(self._service("front", "front", self.service_args(
             "front", router=router_address))) if self.use_front else None
-        for svc in segcaches:
-            self._wait_ready(svc, deadline)
         combines = [self._run(self._service(f"combine{i}", "combine", self.service_args(
             "combine", segcache=seg_addr), self._gpu(self.n_scatter + i)))
             for i in range(self.n_combine)]
-        for svc in scatters + combines:
+        for svc in segcaches + scatters + combines:
             self._wait_ready(svc, deadline)
         router = self._run(self._service("router", "router", self.service_args(
             "router", segcache=seg_addr, scatter=self.scatter_addresses,

@@ -47,13 +47,22 @@ class CombineService(service.Service):
                              "tests only)", fault=cfg.fault)
         if self.cfg.warmup:
             await self.servicer.run(warmup, self.engine)
-        if self.cfg.segcache_address:  # NIXL agent and probe now, not in the first request
-            # dns:///name:port: the members now (later ones are probed at their first plan)
+
+    async def started(self) -> None:
+        # The NIXL probe of segcache in the background, once serving: segcache may start
+        # alongside this worker (hypic.launcher), and until the probe answers, hits go over gRPC.
+        self.segcache_probe = (asyncio.create_task(self._probe_segcaches())
+                               if self.cfg.segcache_address else None)
+
+    async def _probe_segcaches(self) -> None:
+        try:  # dns:///name:port: the members now (later ones are probed at their first plan)
             target = parse_target(self.cfg.segcache_address)
             members = (await MemberSet(target, refresh_s=0, what="segcache").refresh()
                        if target.is_dns else parse_addresses(self.cfg.segcache_address))
-            for addr in members:
+            for addr in members:  # one at a time: each makes its client's NIXL agent
                 await self.servicer.peers.prepare(addr, timeout=60.0)
+        except Exception as e:  # probed again at first use
+            self.log.warning("segcache probe failed", error=f"{type(e).__name__}: {e}")
 
     def register(self, server, port: int) -> None:
         combine_grpc.add_CombineServicer_to_server(self.servicer, server)
@@ -66,6 +75,8 @@ class CombineService(service.Service):
                 "nixl_net_devices": self.nixl_devices}
 
     async def close(self) -> None:
+        if self.segcache_probe is not None:
+            self.segcache_probe.cancel()
         await self.servicer.close()
 
 

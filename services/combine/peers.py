@@ -95,16 +95,23 @@ class Peers:
         t = self._probe(addr)
         return t.done() and not t.cancelled() and t.exception() is None and bool(t.result())
 
-    async def prepare(self, addr: str, timeout: float) -> bool:
-        """At startup: connect to the default segcache and finish the NIXL probe before serving."""
+    async def prepare(self, addr: str, timeout: float, retry_s: float = 0.5) -> bool:
+        """At startup: connect to segcache `addr` and probe its NIXL agent. Segcache may start
+        alongside this worker, so a probe that fails (not serving yet) is made again every
+        `retry_s`, for at most `timeout` s; after that it is made again at first use."""
         self.segcache(addr)
         if not self.cfg.nixl:
             return False
-        try:
-            return bool(await asyncio.wait_for(asyncio.shield(self._probe(addr)), timeout))
-        except Exception as e:  # segcache not up yet: probed again on first use
-            log.warning("nixl probe failed", segcache=addr, error=f"{type(e).__name__}: {e}")
-            return False
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                return bool(await asyncio.wait_for(asyncio.shield(self._probe(addr)),
+                                                   max(0.0, end - time.monotonic())))
+            except Exception as e:
+                if time.monotonic() + retry_s >= end:
+                    log.warning("nixl probe failed", segcache=addr, error=f"{type(e).__name__}: {e}")
+                    return False
+            await asyncio.sleep(retry_s)
 
     def nixl_broken(self, addr: str, why: str) -> None:
         """A NIXL read said NIXL is unavailable after all: gRPC from now on for this address."""
