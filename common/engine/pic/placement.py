@@ -45,7 +45,8 @@ def place_entry(entry: SegmentEntry, device: torch.device | str, dtype: torch.dt
     values in `dtype` (the model's). A new SegmentEntry; the given one is not changed."""
     device = torch.device(device)
     layers = [place_layer(b, device, dtype) for b in entry.layers]
-    return SegmentEntry(entry.token_ids, entry.seam, entry.model_fingerprint, entry.dtype, layers)
+    return SegmentEntry(entry.token_ids, entry.seam, entry.model_fingerprint, entry.dtype, layers,
+                        format=entry.format)
 
 
 def place_for_engine(entry: SegmentEntry, engine) -> SegmentEntry:

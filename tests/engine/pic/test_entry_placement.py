@@ -127,6 +127,12 @@ def test_place_entry_dtypes_and_device(engine, fresh_seed):
         assert all(dt == torch.float64 for _, _, dt in entry_placement(e))
 
 
+def test_placement_keeps_the_entry_format(engine):
+    """A placed entry still says how its linear part was stored (bf16 stays bf16)."""
+    e = engine.build_entry(list(range(1, 12)), 2).with_format("bf16")
+    assert place_for_engine(e, engine).format == "bf16"
+
+
 def test_placement_keeps_tensors_already_in_place(engine):
     """Free where nothing moves: a CPU entry already in the model's dtype keeps its tensors."""
     e = engine.build_entry(list(range(1, 12)), 2)
