@@ -26,9 +26,12 @@ check_format = check_entry_format
 
 def head_scale(x: torch.Tensor) -> torch.Tensor:
     """Per-head fp8 scale of x [..., H, a, b]: amax over the last two dims / FP8_MAX (1 where the
-    head is all zeros, so dividing by it is always defined)."""
+    head is all zeros, so dividing by it is always defined). Never below float32's smallest normal:
+    a head that has decayed to denormals (amax 1.4e-45 seen on a trained model) would otherwise get
+    a scale of 0 and store 0/0 = NaN; with the floor its values round to fp8's zero."""
     amax = x.detach().float().abs().amax(dim=(-2, -1))
-    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = (amax / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.where(amax > 0, scale, torch.ones_like(amax))
 
 
 def encode(name: str, x: torch.Tensor, fmt: str, compact: bool) -> dict[str, torch.Tensor]:
