@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -442,7 +443,8 @@ def test_kubectl_kustomize_renders_with_the_secrets_it_names(tmp_path) -> None:
 def test_segcache_members_are_found_by_name_and_autoscaled(objects) -> None:
     """Every client reaches segcache by its headless Service (dns:///: every member pod), the
     members are a StatefulSet governed by that Service, and HPAs grow segcache on memory and the
-    routers on CPU (what a plain cluster's metrics-server gives; the request rate needs an adapter)."""
+    routers on their request rate per pod (an adapter's Pods metric) and on CPU (what a plain
+    cluster's metrics-server gives, so a cluster without an adapter still scales them up)."""
     seg = of_kind(objects, "StatefulSet")["segcache"]
     svc = of_kind(objects, "Service")[seg["spec"]["serviceName"]]
     assert svc["spec"].get("clusterIP") == "None"
@@ -455,12 +457,47 @@ def test_segcache_members_are_found_by_name_and_autoscaled(objects) -> None:
             clients += 1
     assert clients >= 3
     hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(objects, "HorizontalPodAutoscaler").values()}
+    want = {"segcache": [("Resource", "memory")],
+            "router": [("Pods", "hypic_router_requests_per_second"), ("Resource", "cpu")]}
     for target, resource in (("segcache", "memory"), ("router", "cpu")):
         metrics = hpas[target]["spec"]["metrics"]
-        assert [(m["type"], m["resource"]["name"]) for m in metrics] == [("Resource", resource)], target
+        assert [(m["type"], (m.get("resource") or m["pods"]["metric"])["name"]) for m in metrics] == want[target]
         container = workloads(objects)[target]["spec"]["template"]["spec"]["containers"][0]
         assert resource in container["resources"]["requests"], f"{target}: utilization needs a request"
         assert 2 <= hpas[target]["spec"]["minReplicas"] < hpas[target]["spec"]["maxReplicas"]
+
+
+ADAPTER_VALUES = ROOT / "deploy" / "prometheus-adapter" / "values.yaml"
+
+
+def test_every_pods_metric_an_hpa_names_is_served_by_the_adapter_rules(objects) -> None:
+    """deploy/prometheus-adapter/values.yaml has a rule for each Pods metric an HPA scales on, and
+    each rule reads a series the service exports (its metrics module, as Prometheus names it)."""
+    from prometheus_client import REGISTRY
+
+    import services.combine.metrics  # noqa: F401  (register the families)
+    import services.router.metrics  # noqa: F401
+    import services.scatter.metrics  # noqa: F401
+
+    exported = {s.name for fam in REGISTRY.collect() for s in fam.samples} | \
+        {fam.name for fam in REGISTRY.collect()}
+    rules = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
+    served = {}
+    for rule in rules:
+        series = rule["seriesQuery"].split("{")[0].strip("'")
+        assert series in exported or series.removesuffix("_total") in exported, f"{series}: no service exports it"
+        assert re.fullmatch(rule["name"]["matches"], series), rule
+        assert "<<.Series>>" in rule["metricsQuery"] and "<<.LabelMatchers>>" in rule["metricsQuery"]
+        assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+        served[rule["name"]["as"]] = rule
+    named = {m["pods"]["metric"]["name"]: h["spec"]["scaleTargetRef"]["name"]
+             for h in of_kind(objects, "HorizontalPodAutoscaler").values()
+             for m in h["spec"]["metrics"] if m["type"] == "Pods"}
+    assert set(named) == {"hypic_scatter_queued_tokens", "hypic_combine_in_flight",
+                          "hypic_router_requests_per_second"}
+    assert set(named) <= set(served), set(named) - set(served)
+    # a counter's HPA metric is a rate, never the ever-growing total
+    assert "rate(" in served["hypic_router_requests_per_second"]["metricsQuery"]
 
 
 # ---- the device-tier overlay (deploy/k8s-device-tier) ---------------------------------------------
