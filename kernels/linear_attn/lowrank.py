@@ -127,6 +127,9 @@ class LowRankT:
     def float(self) -> "LowRankT":
         return self.map(torch.Tensor.float)
 
+    def double(self) -> "LowRankT":
+        return self.map(torch.Tensor.double)
+
     def contiguous(self) -> "LowRankT":
         return self.map(torch.Tensor.contiguous)
 
