@@ -241,13 +241,7 @@ class SegmentEntry:
             header = json.loads(bytes(mv[8 : 8 + n]))
         except ValueError as e:
             raise EntryError(f"corrupted entry header: {e}") from None
-        version = header.get("version") if isinstance(header, dict) else None
-        fmt = header.get("format", "fp32") if version in (FORMAT_VERSION, LOWRANK_VERSION) else "fp32"
-        if fmt not in ENTRY_FORMATS:
-            raise EntryError(f"unknown entry format {fmt!r}")
-        lowrank = header.get("lowrank", []) if version == LOWRANK_VERSION else []
-        if not isinstance(lowrank, list) or not all(isinstance(i, int) for i in lowrank):
-            raise EntryError(f"malformed entry header: lowrank layers {lowrank!r}")
+        version, fmt, lowrank = header_format(header)
         if version in (FORMAT_VERSION, FP32_VERSION, LOWRANK_VERSION):
             if len(mv) < 8 + n + DIGEST_BYTES:
                 raise EntryError("truncated entry")
@@ -268,6 +262,20 @@ class SegmentEntry:
             return cls(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers, fmt)
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise EntryError(f"malformed entry header: {e!r}") from None
+
+
+def header_format(header) -> tuple[object, str, list[int]]:
+    """(version, storage format, low-rank layers) an entry's parsed header JSON names (format fp32
+    and no low-rank layers before version 3 and 4); EntryError for an unknown format or a malformed
+    "lowrank". The version itself is the caller's to accept or refuse."""
+    version = header.get("version") if isinstance(header, dict) else None
+    fmt = header.get("format", "fp32") if version in (FORMAT_VERSION, LOWRANK_VERSION) else "fp32"
+    if fmt not in ENTRY_FORMATS:
+        raise EntryError(f"unknown entry format {fmt!r}")
+    lowrank = header.get("lowrank", []) if version == LOWRANK_VERSION else []
+    if not isinstance(lowrank, list) or not all(isinstance(i, int) for i in lowrank):
+        raise EntryError(f"malformed entry header: lowrank layers {lowrank!r}")
+    return version, fmt, lowrank
 
 
 def _rounded_T(body: LinearBody, fmt: str) -> torch.Tensor | LowRankT:
