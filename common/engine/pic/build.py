@@ -6,7 +6,7 @@ common.engine.pic.reference.build_entry_reference.
 A delta-family layer (matrix T) whose cached span is short enough keeps T as its low-rank factors
 (kernels.linear_attn.lowrank.transition_factors, T = diag(gamma) - P^T Q of rank <= the span's
 length) instead of the K x K matrix: automatically when they take fewer bytes in the engine's entry
-format (common.engine.pic.compact.lowrank_is_smaller: for K = 128, spans under 64 tokens), and then
+format (common.engine.pic.compact.lowrank_is_smaller: for K = 128, spans of at most 63 tokens in fp32), and then
 the dense T is never computed. `lowrank` "always"/"never" forces the choice (tests, measurements).
 """
 from __future__ import annotations
