@@ -21,6 +21,10 @@ its attention part grows with the tokens. Columns:
     break-even   the body length above which an entry is smaller than the plain KV of its tokens
     per format   (second table) the entry and its break-even with T (matrix form) and S stored in each
                  of common.engine.pic.compact's formats: fp32, bf16, fp8 (+ one fp32 scale per head)
+    low-rank     (third table, models with a K x K T) a whole entry of a short body, `--short` tokens
+                 (16, 32, 64, 100), with T dense and as the builder stores it (its low-rank factors
+                 where smaller: common.engine.pic.compact.lowrank_T_bytes, rank = the body's length),
+                 per format, beside the plain KV of those tokens
 
 MoE sizes and the vocabulary never enter these bytes, so the configs below shrink them to build
 fast. Values are the public config.json fields as typed from memory unless marked as transformers'
@@ -36,7 +40,7 @@ from transformers import AutoConfig
 
 from common.engine.models import TEXT_SUBCONFIG, model_class
 from common.engine.models.base import ForwardContext
-from common.engine.pic.compact import ENTRY_FORMATS
+from common.engine.pic.compact import ENTRY_FORMATS, lowrank_T_bytes, matrix_T_bytes
 from kernels.linear_attn import summary_form
 
 # model -> (model_type, config fields that shape the cache). Expert counts and vocab trimmed (see above).
@@ -129,7 +133,8 @@ def layer_sizes(model, dtype_bytes: int) -> dict:
     """Linear layers: bytes per segment (T, S fp32; conv tail in the model dtype) and of T alone.
     Attention layers: bytes per token as our entry stores them, and in the model's own KV format
     (MLA: the compressed latent + the shared rope key; otherwise the same)."""
-    out = dict(linear_per_segment=0, T_per_segment=0, attn_per_token=0, own_kv_per_token=0, n_linear=0, n_attn=0)
+    out = dict(linear_per_segment=0, T_per_segment=0, attn_per_token=0, own_kv_per_token=0, n_linear=0, n_attn=0,
+               matrix_T_heads=[])  # (H, K) of every layer with a K x K T
     out.update({f"linear_per_segment_{f}": 0 for f in ENTRY_FORMATS})
     x = torch.empty(1, 1, model.embed_tokens.weight.shape[1], device="meta")
     for layer in model.layers:
@@ -143,6 +148,8 @@ def layer_sizes(model, dtype_bytes: int) -> dict:
                 out[f"linear_per_segment_{f}"] += sum(linear_part_bytes(form, H, K, V, f)) + conv
             out["linear_per_segment"] = out["linear_per_segment_fp32"]
             out["T_per_segment"] += linear_part_bytes(form, H, K, V, "fp32")[0]
+            if form == "matrix":
+                out["matrix_T_heads"].append((H, K))
             out["n_linear"] += 1
         elif layer.kind == "attention":
             ctx = ForwardContext(positions=torch.zeros(1, dtype=torch.long, device="meta"))
@@ -181,6 +188,45 @@ def entry_table(tokens: int = 1000, dtype_bytes: int = 2, names=None) -> list[di
     return rows
 
 
+SHORT_BODIES = (16, 32, 64, 100)
+
+
+def lowrank_table(bodies=SHORT_BODIES, dtype_bytes: int = 2, names=None) -> list[dict]:
+    """Per model with a K x K T and body length L: the entry's bytes with T dense and as built
+    (each matrix layer's T as factors of rank L where that is smaller), per format, and the plain
+    KV of L tokens."""
+    rows = []
+    for name in names or REAL_CONFIGS:
+        model_type, kw = REAL_CONFIGS[name]
+        s = layer_sizes(build_meta_model(model_type, kw), dtype_bytes)
+        if not s["matrix_T_heads"]:
+            continue
+        own_per_layer = s["own_kv_per_token"] // max(s["n_attn"], 1)
+        for L in bodies:
+            row = dict(model=name, body=L, K=s["matrix_T_heads"][0][1],
+                       plain_kv=own_per_layer * (s["n_linear"] + s["n_attn"]) * L)
+            for f in ENTRY_FORMATS:
+                dense_T = sum(matrix_T_bytes(H, K, f) for H, K in s["matrix_T_heads"])
+                built_T = sum(min(matrix_T_bytes(H, K, f), lowrank_T_bytes(H, L, K, f)) for H, K in s["matrix_T_heads"])
+                dense = s[f"linear_per_segment_{f}"] + s["attn_per_token"] * L
+                row.update({f"dense_{f}": dense, f"lowrank_{f}": dense - dense_T + built_T,
+                            f"T_dense_{f}": dense_T, f"T_lowrank_{f}": built_T})
+            rows.append(row)
+    return rows
+
+
+def print_lowrank_table(rows: list[dict]) -> None:
+    """Entry MiB of a short body, T dense -> as built (low-rank where smaller), per format."""
+    mib = 2**20
+    print("\nMiB per entry of a short body: T dense -> as built (low-rank factors where smaller), and /plain KV")
+    print(f"{'model':32s} {'body':>4s} {'K':>4s} " + " ".join(f"{f + ' dense':>10s} {'built':>7s} {'/plain':>6s}"
+                                                      for f in ENTRY_FORMATS))
+    for r in rows:
+        print(f"{r['model']:32s} {r['body']:4d} {r['K']:4d} " + " ".join(
+            f"{r['dense_' + f] / mib:10.2f} {r['lowrank_' + f] / mib:7.2f} {r['lowrank_' + f] / r['plain_kv']:6.2f}"
+            for f in ENTRY_FORMATS))
+
+
 def print_format_table(rows: list[dict], tokens: int) -> None:
     """Entry MiB, entry/plain and break-even tokens per storage format of T and S."""
     mib = 2**20
@@ -215,6 +261,7 @@ def main():
               + " ".join(f"{r[k] / mib:11.2f}" for _, k in cols) + f" {r['entry'] / r['plain_kv']:11.3f}"
               + f" {r['break_even_tokens'] if r['break_even_tokens'] else 'never':>10}")
     print_format_table(rows, a.tokens)
+    print_lowrank_table(lowrank_table(dtype_bytes=4 if a.dtype == "float32" else 2))
 
 if __name__ == "__main__":
     main()

@@ -47,6 +47,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("compact-entry-builder-keeps-fp32-S", "common/engine/pic/entry.py",
            "S=round_trip(b.S, fmt)", "S=b.S",
            ("tests/engine/pic/test_entry_formats.py", "-k", "round_trip")),
+    Mutant("lowrank-builder-keeps-fp32-factors", "common/engine/pic/entry.py",
+           "return LowRankT(body.T.gamma, round_trip(body.T.P, fmt), round_trip(body.T.Q, fmt))", "return body.T",
+           ("tests/engine/pic/test_lowrank_entries.py", "-k", "each_format and qwen3_next")),
+    Mutant("lowrank-T-drops-its-factors", "kernels/linear_attn/lowrank.py",
+           "return self.gamma[..., None] * S - self.P.transpose(-1, -2) @ (self.Q @ S)",
+           "return self.gamma[..., None] * S",
+           ("tests/engine/pic/test_lowrank_entries.py", "-k", "give_the_dense and qwen3_next")),
     # -- composition: the transition operator T, conv warm-up, RoPE offsets, seams -----------------
     Mutant("T-dropped-segment-major", "common/engine/pic/apply.py",
            "S_new = compose(body.summary, S_w)", "S_new = body.summary.S + S_w",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.linear_attn.lowrank import LowRankT
+
 from .torch_ref import FORMS, compose_batched_torch, compose_run_states_torch, infer_form
 
 
@@ -85,7 +87,11 @@ def compose_run_states(Ta, Sa, Tb, Sb, S_in=None, *, form: str | None = None, ba
 def compose_summary(summary, S_in: torch.Tensor) -> torch.Tensor:
     """S_out = T . S_in + S (fp32) for one segment's Summary (kernels.linear_attn), on the path
     :func:`compose_backend` picks: the Triton kernel on CUDA, torch (the same arithmetic as
-    kernels.linear_attn.compose) on CPU."""
+    kernels.linear_attn.compose) on CPU. A low-rank T (kernels.linear_attn.lowrank.LowRankT)
+    is applied from its factors on every device (a few batched matmuls; T is never formed)."""
+    if isinstance(summary.T, LowRankT):
+        S = summary.S.float()
+        return S.clone() if S_in is None else summary.T.float().apply(S_in.float()).add_(S)
     return compose_batched(summary.T.unsqueeze(0), summary.S.unsqueeze(0), S_in, form=summary.form,
                            out_dtype=torch.float32)
 

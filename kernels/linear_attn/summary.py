@@ -12,6 +12,10 @@ structured form, fp32:
     vector    gla, mamba (v1: H = inner channels) [B, H, K]     T = exp(sum g) per channel
     matrix    deltanet, gated_deltanet, kda     [B, H, K, K]    acts on S [K, V] from the left
 
+A matrix T may also be held as a kernels.linear_attn.lowrank.LowRankT (diag(gamma) - P^T Q, the
+factors of a segment shorter than half the key dimension): ``compose`` applies it without forming
+T; ``merge`` and ``rerotate`` form it first (neither is on an entry's path).
+
 The matrix T is computed chunk-wise in the same pass as S: the chunked recurrence runs on the
 state augmented with K columns started at the identity and fed zero values, sharing the UT
 transform (``chunk_with_transition``), never by a per-token K x K product loop.
@@ -26,6 +30,7 @@ from .chunk import chunk_with_transition, default_chunk_size, identity_transitio
 from .families import check_inputs, family
 from .families import FAMILY
 from .fla_path import FLA_FAMILIES, fla_chunk_with_transition, kernel_path, run_with_fallback
+from .lowrank import LowRankT
 
 _FORMS = ("scalar", "vector", "matrix")
 
@@ -113,7 +118,9 @@ def prefill_with_summary(
     return o, S, Summary(T.float(), S0, f.form)
 
 
-def _apply_T(T: torch.Tensor, X: torch.Tensor, form: str) -> torch.Tensor:
+def _apply_T(T: torch.Tensor | LowRankT, X: torch.Tensor, form: str) -> torch.Tensor:
+    if isinstance(T, LowRankT):
+        return T.apply(X)
     if form == "scalar":
         return T[..., None, None] * X
     if form == "vector":
@@ -145,9 +152,14 @@ def merge(first: Summary, second: Summary) -> Summary:
     """Summary of the concatenation first . second: (T2 T1, T2 S1 + S2)."""
     if first.form != second.form:
         raise ValueError("cannot merge summaries of different forms")
-    T1, T2 = first.T.float(), second.T.float()
+    T1, T2 = _formed(first.T).float(), _formed(second.T).float()
     T = torch.matmul(T2, T1) if first.form == "matrix" else T2 * T1
     return Summary(T, compose(second, first.S), first.form)
+
+
+def _formed(T: torch.Tensor | LowRankT) -> torch.Tensor:
+    """A dense T as it is; a LowRankT formed into its [B, H, K, K] matrix."""
+    return T.dense() if isinstance(T, LowRankT) else T
 
 
 def naive_add(summary: Summary, S_in: torch.Tensor | None) -> torch.Tensor:
@@ -170,7 +182,7 @@ def rerotate(summary_or_state, R: torch.Tensor):
         s = summary_or_state
         S = torch.matmul(Rf, s.S.float())
         if s.form == "matrix":
-            T = torch.matmul(torch.matmul(Rf, s.T.float()), Rf.transpose(-1, -2))
+            T = torch.matmul(torch.matmul(Rf, _formed(s.T).float()), Rf.transpose(-1, -2))
         else:
             T = s.T
         return Summary(T, S, s.form)

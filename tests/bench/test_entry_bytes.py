@@ -40,3 +40,32 @@ def test_table_covers_the_published_configs():
     assert mm["linear_per_segment_fp8"] == 70 * (64 * 4 + 64 * 128 * 128 + 4 * 64)  # scalar T stays fp32
     assert qn["break_even_tokens_bf16"] < qn["break_even_tokens_fp32"]
     assert set(REAL_CONFIGS) >= set(rows)
+
+
+@pytest.mark.parametrize("model_type", ["olmo_hybrid", "kimi_linear"])
+def test_lowrank_columns_count_a_real_short_entry(model_type, tmp_path, fresh_seed):
+    """The short-body table's "built" bytes: a real entry of a body short enough for low-rank T."""
+    from common.engine.pic.compact import lowrank_T_bytes, matrix_T_bytes
+
+    path = save_tiny(model_type, tmp_path / model_type, seed=fresh_seed % 1000, **PIC_CONFIGS[model_type])
+    eng = HybridEngine.from_pretrained(path)
+    s = layer_sizes(build_meta_model(model_type, PIC_CONFIGS[model_type]), dtype_bytes=4)
+    body = 3 + fresh_seed % 4  # K = 32 (OLMo) or 16 (Kimi): low-rank below 16 or 8 tokens
+    entry = eng.build_entry([(5 * i + fresh_seed) % eng.vocab_size for i in range(8 + body)], seam=8)
+    assert entry.lowrank_layers and entry.body_len == body
+    for fmt in ENTRY_FORMATS:
+        built = s[f"linear_per_segment_{fmt}"] + s["attn_per_token"] * body + sum(
+            lowrank_T_bytes(H, body, K, fmt) - matrix_T_bytes(H, K, fmt) for H, K in s["matrix_T_heads"])
+        assert built == entry.with_format(fmt).nbytes()
+
+
+def test_lowrank_table_of_the_published_configs():
+    from bench.entry_bytes import lowrank_table
+
+    rows = {(r["model"], r["body"]): r for r in lowrank_table(names=["Qwen3-Next-80B-A3B", "MiniMax-Text-01"])}
+    assert {m for m, _ in rows} == {"Qwen3-Next-80B-A3B"}  # scalar T: no low-rank rows
+    qn16, qn64 = rows["Qwen3-Next-80B-A3B", 16], rows["Qwen3-Next-80B-A3B", 64]
+    # 36 GDN layers x 32 heads: P, Q 16 x 128 fp32 and gamma 128 fp32, against 128 x 128
+    assert qn16["dense_fp32"] - qn16["lowrank_fp32"] == 36 * 32 * (128 * 128 - 2 * 16 * 128 - 128) * 4
+    assert qn16["dense_fp8"] - qn16["lowrank_fp8"] == 36 * 32 * ((128 * 128 + 4) - (2 * 16 * 128 + 8 + 4 * 128))
+    assert qn64["lowrank_fp32"] == qn64["dense_fp32"]  # 2 x 64 >= 128: dense

@@ -1,6 +1,8 @@
 """kernels.linear_attn.lowrank: the WY factors of a short delta-family segment reproduce the dense T
 that segment_summary computes, and apply_lowrank equals the dense product, on random inputs of odd
-sizes with fresh seeds (relative errors)."""
+sizes with fresh seeds (relative errors). The general factors entries store (transition_factors,
+LowRankT: every delta family, kda's per-channel gates included) against a plain fp64 product of the
+per-token transitions and against segment_summary, and LowRankT.apply against the formed T."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.linear_attn import segment_summary
-from kernels.linear_attn.lowrank import LOWRANK_FAMILIES, apply_lowrank, lowrank_dense, lowrank_pays, wy_factors
+from kernels.linear_attn.lowrank import (FACTOR_FAMILIES, LOWRANK_FAMILIES, LowRankT, apply_lowrank, lowrank_dense,
+                                        lowrank_pays, transition_factors, wy_factors)
 
 
 def rel(a, b):
@@ -52,3 +55,80 @@ def test_a_wrong_factor_is_noticed(fresh_seed):
 
 def test_lowrank_pays_only_for_short_segments():
     assert lowrank_pays(63, 128) and not lowrank_pays(64, 128) and not lowrank_pays(200, 128)
+    assert lowrank_pays(62, 128, itemsize=2) and not lowrank_pays(63, 128, itemsize=2)  # gamma stays fp32
+
+
+def _gates(family, B, L, H, K, gen, strength=1.0):
+    """Log gates of `family` (None, per head [B, L, H], per channel [B, L, H, K]), <= 0."""
+    if family == "deltanet":
+        return None
+    shape = (B, L, H) if family == "gated_deltanet" else (B, L, H, K)
+    return -strength * (0.01 + torch.rand(shape, generator=gen, dtype=torch.float64))
+
+
+def product_reference(k, beta, g):
+    """T = A_L ... A_1 with A_t = (I - b_t k_t k_t^T) diag(exp g_t), one token at a time in fp64
+    (keys repeated to the value heads of beta): the plain definition."""
+    B, L, Hk, K = k.shape
+    H = beta.shape[2]
+    k = k.double().repeat_interleave(H // Hk, dim=2)
+    T = torch.eye(K, dtype=torch.float64).expand(B, H, K, K).clone()
+    for t in range(L):
+        if g is not None:
+            gt = g[:, t].double()
+            T = (gt.exp().unsqueeze(-1) if gt.dim() == 3 else gt.exp()[..., None, None]) * T
+        kt = k[:, t]
+        T = T - beta[:, t].double()[..., None, None] * kt.unsqueeze(-1) * (kt.unsqueeze(-2) @ T)
+    return T
+
+
+@pytest.mark.parametrize("family", FACTOR_FAMILIES)
+@pytest.mark.parametrize("B,L,Hk,H,K,V", [(1, 1, 1, 1, 8, 3), (2, 5, 3, 3, 16, 7), (1, 11, 2, 4, 33, 9),
+                                          (1, 23, 1, 3, 17, 5)])
+def test_transition_factors_reproduce_the_product(family, B, L, Hk, H, K, V, fresh_seed):
+    gen = torch.Generator().manual_seed(fresh_seed)
+    k = F.normalize(torch.randn(B, L, Hk, K, generator=gen, dtype=torch.float64), dim=-1)
+    beta = 2 * torch.rand(B, L, H, generator=gen, dtype=torch.float64)  # (0, 2): OLMo's range
+    g = _gates(family, B, L, H, K, gen)
+    f = transition_factors(k.float(), beta.float(), None if g is None else g.float())
+    assert f.gamma.shape == (B, H, K) and f.P.shape == f.Q.shape == (B, H, L, K) and f.rank == L
+    assert f.P.dtype == torch.float32 and f.shape == (B, H, K, K)
+    ref = product_reference(k.float(), beta.float(), None if g is None else g.float())
+    assert rel(f.dense(), ref) < 1e-5  # fp32 inputs and factors; the solve runs in fp64
+    v = torch.randn(B, L, H, V, generator=gen, dtype=torch.float64)
+    dense = segment_summary(family, k.repeat_interleave(H // Hk, 2), v, g=g, beta=beta).T  # the chunked kernel's T
+    assert rel(f.dense(), dense) < 1e-5
+    S = torch.randn(B, H, K, V, generator=gen)
+    assert rel(f.apply(S), f.dense() @ S) < 1e-6
+    assert f.numel() == B * H * (K + 2 * L * K)
+
+
+@pytest.mark.parametrize("family", ["gated_deltanet", "kda"])
+def test_strong_gates_do_not_overflow(family, fresh_seed):
+    """Gates of -30 a token on half the heads (gated_deltanet) or channels (kda): exp(-G) would
+    overflow fp32 after 3 tokens and fp64 after 24, so a factorisation that divides by the decay
+    fails; these factors only ever exponentiate differences <= 0. The other half decays slowly,
+    so T is far from 0 and the comparison measures something."""
+    gen = torch.Generator().manual_seed(fresh_seed)
+    B, L, H, K = 1, 40, 2, 48
+    k = F.normalize(torch.randn(B, L, H, K, generator=gen, dtype=torch.float64), dim=-1)
+    beta = torch.rand(B, L, H, generator=gen, dtype=torch.float64)
+    g = _gates(family, B, L, H, K, gen, strength=0.02)
+    if family == "kda":
+        g[..., : K // 2] *= 1500.0
+    else:
+        g[..., 0] *= 1500.0
+    f = transition_factors(k, beta, g)
+    assert all(torch.isfinite(t).all() for t in (f.gamma, f.P, f.Q))
+    ref = product_reference(k, beta, g)
+    assert ref.norm() > 1e-3 and rel(f.dense(), ref) < 1e-5
+
+
+def test_lowrank_t_stands_in_for_a_tensor(fresh_seed):
+    gen = torch.Generator().manual_seed(fresh_seed)
+    k = F.normalize(torch.randn(1, 6, 2, 16, generator=gen), dim=-1)
+    f = transition_factors(k, torch.rand(1, 6, 2, generator=gen), -torch.rand(1, 6, 2, 16, generator=gen))
+    assert f.to(torch.float64).dtype == torch.float64 and f.float().dtype == torch.float32
+    assert f.device == k.device and f.contiguous().P.is_contiguous() and f.element_size() == 4
+    wrong = LowRankT(f.gamma, f.P.flip(2), f.Q)  # the tokens' order matters
+    assert rel(wrong.dense(), f.dense()) > 1e-3

@@ -5,6 +5,11 @@
     fp8    matrix T and S in float8 e4m3 with one fp32 scale per head (a quarter of the bytes):
            x = q * scale, scale = amax(|x| over the head's K x K or K x V block) / 448
 
+A delta-family T held as low-rank factors (kernels.linear_attn.lowrank.LowRankT, T = diag(gamma) -
+P^T Q) stores P and Q like a matrix T (each with its own per-head fp8 scale) and gamma in fp32;
+`matrix_T_bytes` and `lowrank_T_bytes` count both ways, and `lowrank_is_smaller` is the builder's
+automatic choice between them.
+
 Scalar and vector T are a few bytes per head and stay fp32 in every format; conv tails, warm-up
 inputs and attention keys/values are already in the model dtype and are not touched. Composition
 always runs in fp32: a compact tensor is widened once, where the entry is parsed, so everything
@@ -64,3 +69,24 @@ def decode(tensors: dict[str, torch.Tensor], name: str, fmt: str) -> torch.Tenso
 def round_trip(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """x as a reader of an entry in format `fmt` sees it (fp32): what the builder must use too."""
     return decode(encode("x", x, fmt, True), "x", fmt)
+
+
+ITEM_BYTES = {"fp32": 4, "bf16": 2, "fp8": 1}  # bytes of one compact number in each format
+SCALE_BYTES = 4  # fp8: one fp32 scale per head and compact tensor
+
+
+def matrix_T_bytes(H: int, K: int, fmt: str) -> int:
+    """Bytes of H heads' dense K x K T stored in `fmt`."""
+    return H * (K * K * ITEM_BYTES[fmt] + (SCALE_BYTES if fmt == "fp8" else 0))
+
+
+def lowrank_T_bytes(H: int, L: int, K: int, fmt: str) -> int:
+    """Bytes of H heads' low-rank T of rank L stored in `fmt`: P and Q [L, K] compact (each with
+    its fp8 scale), gamma [K] fp32."""
+    return H * (2 * L * K * ITEM_BYTES[fmt] + (2 * SCALE_BYTES if fmt == "fp8" else 0) + 4 * K)
+
+
+def lowrank_is_smaller(L: int, K: int, fmt: str) -> bool:
+    """Whether a span of L tokens stores its T in fewer bytes as factors than as the K x K matrix
+    (fp32: 2 L + 1 < K; the automatic choice of common.engine.pic.build)."""
+    return lowrank_T_bytes(1, L, K, fmt) < matrix_T_bytes(1, K, fmt)

@@ -14,7 +14,11 @@ kept per layer:
 
 The linear part is stored in the entry's format (common.engine.pic.compact: fp32, bf16 or fp8 with
 per-head scales), named in the header and widened back to fp32 on parse; an entry's in-memory
-tensors are always what a reader of its bytes sees (`with_format` rounds them).
+tensors are always what a reader of its bytes sees (`with_format` rounds them). A delta-family T
+of a span shorter than about half the key dimension is kept as its low-rank factors
+(kernels.linear_attn.lowrank.LowRankT: T = diag(gamma) - P^T Q, gamma fp32, P and Q in the entry's
+format), and the header's "lowrank" lists the layers that hold it (version 4); the layer kinds
+stay "linear:matrix", and composition applies the factors without forming T.
 
 Bytes: b"HYPE" | u32 header length | header JSON | safetensors payload | 16-byte digest. The
 digest (common.engine.checksum) covers every byte before it, so a corrupted entry is refused, never
@@ -40,12 +44,18 @@ from common.engine.dtypes import dtype_name
 from common.engine.pic.compact import DEFAULT_ENTRY_FORMAT, ENTRY_FORMATS, FP8, check_format, decode, encode, round_trip
 from common.engine.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
 from kernels.linear_attn import Summary, summary_form
+from kernels.linear_attn.lowrank import LowRankT
 
 MAGIC = b"HYPE"
 FORMAT_VERSION = 3  # 3: "format" in the header (compact T/S); 2: trailing digest, 8-aligned; 1: blake2b
 # fp32 entries are still written as version 2 (byte for byte what readers before formats expect);
 # versions 1 and 2 read as format fp32
 FP32_VERSION = 2
+# 4: "lowrank" in the header (layers whose T is stored as factors) and "format" always named.
+# Only entries with a low-rank layer are written as 4: every other entry is byte for byte what
+# readers before it expect, and a reader before it refuses a version-4 entry cleanly (rebuilt).
+LOWRANK_VERSION = 4
+READ_VERSIONS = (1, FP32_VERSION, FORMAT_VERSION, LOWRANK_VERSION)
 PAYLOAD_ALIGN = 8
 
 
@@ -77,7 +87,7 @@ def entry_layout(model) -> list[str]:
 
 @dataclass
 class LinearBody:
-    T: torch.Tensor  # structured transition operator of the cached span (fp32)
+    T: torch.Tensor | LowRankT  # structured transition operator of the cached span (fp32), or its factors
     form: str  # "scalar" | "vector" | "matrix"
     S: torch.Tensor  # [1, H, K, V] zero-start end state of the cached span (fp32)
     conv_tail: torch.Tensor | None  # [1, C, <= kernel-1] conv inputs of the body's last tokens
@@ -112,11 +122,16 @@ class SegmentEntry:
         if self.format != "fp32":
             raise EntryError(f"an entry in {self.format} cannot be restored to {fmt}")
         layers = [
-            LinearBody(T=round_trip(b.T, fmt) if b.form == "matrix" else b.T, form=b.form, S=round_trip(b.S, fmt),
+            LinearBody(T=_rounded_T(b, fmt), form=b.form, S=round_trip(b.S, fmt),
                        conv_tail=b.conv_tail, warmup_inputs=b.warmup_inputs) if isinstance(b, LinearBody) else b
             for b in self.layers
         ]
         return SegmentEntry(self.token_ids, self.seam, self.model_fingerprint, self.dtype, layers, fmt)
+
+    @property
+    def lowrank_layers(self) -> list[int]:
+        """Indices of the layers whose T is held as low-rank factors (the header's "lowrank")."""
+        return [i for i, b in enumerate(self.layers) if isinstance(b, LinearBody) and isinstance(b.T, LowRankT)]
 
     @property
     def n_tokens(self) -> int:
@@ -170,8 +185,13 @@ class SegmentEntry:
     def _tensors(self) -> dict[str, torch.Tensor]:
         out = {}
         for i, body in enumerate(self.layers):
-            if isinstance(body, LinearBody):
+            if isinstance(body, LinearBody) and isinstance(body.T, LowRankT):
+                out[f"{i}.T.gamma"] = body.T.gamma  # K numbers a head: fp32 in every format
+                out.update(encode(f"{i}.T.P", body.T.P, self.format, compact=True))
+                out.update(encode(f"{i}.T.Q", body.T.Q, self.format, compact=True))
+            elif isinstance(body, LinearBody):
                 out.update(encode(f"{i}.T", body.T, self.format, compact=body.form == "matrix"))
+            if isinstance(body, LinearBody):
                 out.update(encode(f"{i}.S", body.S, self.format, compact=True))
                 if body.conv_tail is not None:
                     out[f"{i}.conv"] = body.conv_tail
@@ -193,6 +213,8 @@ class SegmentEntry:
         )
         if self.format != "fp32":
             header["format"] = self.format
+        if self.lowrank_layers:
+            header.update(version=LOWRANK_VERSION, format=self.format, lowrank=self.lowrank_layers)
         hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         # trailing spaces (valid JSON) so the payload, and with it every tensor, starts 8-aligned
         hb += b" " * (-(8 + len(hb)) % PAYLOAD_ALIGN)
@@ -219,11 +241,8 @@ class SegmentEntry:
             header = json.loads(bytes(mv[8 : 8 + n]))
         except ValueError as e:
             raise EntryError(f"corrupted entry header: {e}") from None
-        version = header.get("version") if isinstance(header, dict) else None
-        fmt = header.get("format", "fp32") if version == FORMAT_VERSION else "fp32"
-        if fmt not in ENTRY_FORMATS:
-            raise EntryError(f"unknown entry format {fmt!r}")
-        if version in (FORMAT_VERSION, FP32_VERSION):
+        version, fmt, lowrank = header_format(header)
+        if version in (FORMAT_VERSION, FP32_VERSION, LOWRANK_VERSION):
             if len(mv) < 8 + n + DIGEST_BYTES:
                 raise EntryError("truncated entry")
             if not sealed and checksum(mv[:-DIGEST_BYTES]) != bytes(mv[-DIGEST_BYTES:]):
@@ -234,20 +253,57 @@ class SegmentEntry:
             if hashlib.blake2b(payload, digest_size=16).hexdigest() != header.get("checksum"):
                 raise EntryError("entry checksum mismatch: corrupted payload")
         else:
-            raise EntryError(f"entry format version {version} (expected {FORMAT_VERSION})")
+            raise EntryError(f"entry format version {version} (expected one of {READ_VERSIONS})")
         tensors = _view_safetensors(payload)
         try:
-            layers = [_layer(tensors, i, kind, device, fmt) for i, kind in enumerate(header["layers"])]
+            layers = [_layer(tensors, i, kind, device, fmt, i in lowrank) for i, kind in enumerate(header["layers"])]
+            if any(not (0 <= i < len(layers) and getattr(layers[i], "form", None) == "matrix") for i in lowrank):
+                raise ValueError(f"lowrank layers {lowrank} are not all matrix-T linear layers")
             return cls(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers, fmt)
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise EntryError(f"malformed entry header: {e!r}") from None
 
 
+def header_format(header) -> tuple[object, str, list[int]]:
+    """(version, storage format, low-rank layers) an entry's parsed header JSON names (format fp32
+    and no low-rank layers before version 3 and 4); EntryError for an unknown format or a malformed
+    "lowrank". The version itself is the caller's to accept or refuse."""
+    version = header.get("version") if isinstance(header, dict) else None
+    fmt = header.get("format", "fp32") if version in (FORMAT_VERSION, LOWRANK_VERSION) else "fp32"
+    if fmt not in ENTRY_FORMATS:
+        raise EntryError(f"unknown entry format {fmt!r}")
+    lowrank = header.get("lowrank", []) if version == LOWRANK_VERSION else []
+    if not isinstance(lowrank, list) or not all(isinstance(i, int) for i in lowrank):
+        raise EntryError(f"malformed entry header: lowrank layers {lowrank!r}")
+    return version, fmt, lowrank
+
+
+def _rounded_T(body: LinearBody, fmt: str) -> torch.Tensor | LowRankT:
+    """body's T as an entry in format `fmt` stores it: a matrix T or the factors P and Q rounded,
+    scalar and vector T and gamma as they are (fp32)."""
+    if isinstance(body.T, LowRankT):
+        return LowRankT(body.T.gamma, round_trip(body.T.P, fmt), round_trip(body.T.Q, fmt))
+    return round_trip(body.T, fmt) if body.form == "matrix" else body.T
+
+
+def _stored_T(tensors: dict[str, torch.Tensor], i: int, fmt: str, lowrank: bool) -> torch.Tensor | LowRankT:
+    """Layer i's T from the payload: the dense tensor, or (lowrank) its factors, widened to fp32."""
+    if not lowrank:
+        return decode(tensors, f"{i}.T", fmt)
+    T = LowRankT(decode(tensors, f"{i}.T.gamma", "fp32"), decode(tensors, f"{i}.T.P", fmt),
+                 decode(tensors, f"{i}.T.Q", fmt))
+    if T.gamma.dim() < 1 or T.P.shape != T.Q.shape or T.P.shape[:-2] != T.gamma.shape[:-1] \
+            or T.P.shape[-1] != T.gamma.shape[-1]:
+        raise ValueError(f"low-rank T of layer {i}: gamma {tuple(T.gamma.shape)}, P {tuple(T.P.shape)}, "
+                         f"Q {tuple(T.Q.shape)} do not fit")
+    return T
+
+
 def _layer(tensors: dict[str, torch.Tensor], i: int, kind: str, device,
-           fmt: str = "fp32") -> LinearBody | AttentionBody | None:
+           fmt: str = "fp32", lowrank: bool = False) -> LinearBody | AttentionBody | None:
     if kind.startswith("linear:"):
         opt = lambda name: tensors[name].to(device) if name in tensors else None  # noqa: E731
-        T, S = decode(tensors, f"{i}.T", fmt).to(device), decode(tensors, f"{i}.S", fmt).to(device)
+        T, S = _stored_T(tensors, i, fmt, lowrank).to(device), decode(tensors, f"{i}.S", fmt).to(device)
         return LinearBody(T=T, form=kind.split(":", 1)[1], S=S,
                           conv_tail=opt(f"{i}.conv"), warmup_inputs=opt(f"{i}.warm"))
     if kind == "attention":

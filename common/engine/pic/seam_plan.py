@@ -223,9 +223,11 @@ class SeamPlan:
 
 def run_composable(family: str, bodies) -> bool:
     """Whether SeamPlan._scan_run covers a linear layer's run: no body re-runs warm-up tokens (their
-    conv patch is not a summary), and padding rows can be made identity steps (a per-head
-    constant decay, gate "head", would decay them)."""
-    return FAMILY_GATE[family] != "head" and all(b.warmup_inputs is None for b in bodies)
+    conv patch is not a summary), padding rows can be made identity steps (a per-head constant
+    decay, gate "head", would decay them), and every T is a tensor (a low-rank T,
+    kernels.linear_attn.lowrank.LowRankT, is applied from its factors one body at a time)."""
+    return FAMILY_GATE[family] != "head" and all(b.warmup_inputs is None and isinstance(b.T, torch.Tensor)
+                                                 for b in bodies)
 
 
 def _padding_zeroed(t: torch.Tensor | None, spans) -> torch.Tensor | None:

@@ -11,6 +11,7 @@ import torch
 
 from common.engine.checksum import DIGEST_BYTES, checksum
 from common.engine.hybrid_engine import HybridEngine
+from common.engine.pic.build import build_entry
 from common.engine.pic.compact import ENTRY_FORMATS, FP8, decode, encode, head_scale, round_trip
 from common.engine.pic.entry import EntryError, EntryMismatch, LinearBody, SegmentEntry
 from tests.support.tiny import PIC_CONFIGS, save_tiny
@@ -76,7 +77,8 @@ def test_entry_round_trip_in_each_format(engine, fmt, fresh_seed):
 
 
 def test_fp32_entries_are_written_as_before(engine, fresh_seed):
-    e = engine.build_entry(_ids(engine, fresh_seed, 9), SEAM)
+    # dense T: a 5-token span's low-rank T is version 4 (tests/engine/pic/test_lowrank_entries.py)
+    e = build_entry(engine, _ids(engine, fresh_seed, 9), SEAM, lowrank="never")
     assert e.format == "fp32" and e.with_format("fp32") is e
     data = e.to_bytes()
     assert b'"format"' not in data[:200] and struct.unpack("<I", data[4:8])[0] > 0

@@ -163,10 +163,13 @@ def test_fused_build_equals_the_reference_build(engine, fresh_seed, length, seam
     """build_entry (T from the forward's own fused kernel) against build_entry_reference (plain
     forward, then features and summary again): same tensors up to float32 round-off (the fused
     kernel orders the sums differently, and S(C|0) is recovered as end - T . start)."""
+    from common.engine.pic.build import build_entry
     from common.engine.pic.reference import build_entry_reference
 
     segs, _ = random_prompt(engine, fresh_seed, (length,))
-    got, ref = engine.build_entry(segs[0], seam).__dict__, build_entry_reference(engine, segs[0], seam).__dict__
+    # dense T on both sides (a short span's automatic low-rank T: tests/engine/pic/test_lowrank_entries.py)
+    got = build_entry(engine, segs[0], seam, lowrank="never").__dict__
+    ref = build_entry_reference(engine, segs[0], seam).__dict__
     a, b = SegmentEntry(**got)._tensors(), SegmentEntry(**ref)._tensors()
     assert a.keys() == b.keys() and [type(x) for x in got["layers"]] == [type(x) for x in ref["layers"]]
     assert [getattr(x, "form", None) for x in got["layers"]] == [getattr(x, "form", None) for x in ref["layers"]]
