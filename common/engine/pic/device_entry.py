@@ -26,8 +26,8 @@ import struct
 import torch
 
 from common.engine.checksum import DIGEST_BYTES
-from common.engine.pic.compact import ENTRY_FORMATS
-from common.engine.pic.entry import FORMAT_VERSION, FP32_VERSION, MAGIC, ST_DTYPES, EntryError, SegmentEntry, _layer
+from common.engine.pic.entry import (FORMAT_VERSION, FP32_VERSION, LOWRANK_VERSION, MAGIC, ST_DTYPES, EntryError,
+                                     SegmentEntry, _layer, header_format)
 from common.engine.pic.seal import SEAL_MAGIC, TRAILER_BYTES, V1_MAGIC, V1_TAG_BYTES, V1_TRAILER_BYTES, \
     ForgedEntry, header_of, identity_key
 
@@ -107,17 +107,14 @@ def entry_from_device(buf: torch.Tensor, key: str) -> SegmentEntry:
     header = header_of(head)
     if identity_key(header) != key:
         raise ForgedEntry("entry header names another segment than its key")
-    version = header.get("version")
-    fmt = header.get("format", "fp32") if version == FORMAT_VERSION else "fp32"
-    if version not in (FORMAT_VERSION, FP32_VERSION):
+    version, fmt, lowrank = header_format(header)
+    if version not in (FORMAT_VERSION, FP32_VERSION, LOWRANK_VERSION):
         raise EntryError(f"entry format version {version}: read on the host")
-    if fmt not in ENTRY_FORMATS:
-        raise EntryError(f"unknown entry format {fmt!r}")
     if entry.numel() < 8 + n + DIGEST_BYTES:
         raise EntryError("truncated entry")
     tensors = view_device_safetensors(entry[8 + n:entry.numel() - DIGEST_BYTES])
     try:
-        layers = [_layer(tensors, i, kind, buf.device, fmt) for i, kind in enumerate(header["layers"])]
+        layers = [_layer(tensors, i, kind, buf.device, fmt, i in lowrank) for i, kind in enumerate(header["layers"])]
         return SegmentEntry(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers, fmt)
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise EntryError(f"malformed entry header: {e!r}") from None

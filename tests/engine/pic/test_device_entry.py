@@ -12,6 +12,7 @@ from common.engine.pic.compact import ENTRY_FORMATS
 from common.engine.pic.device_entry import entry_from_device
 from common.engine.pic.entry import AttentionBody, EntryError, LinearBody, SegmentEntry
 from common.engine.pic.seal import ForgedEntry, open_sealed, seal
+from kernels.linear_attn.lowrank import LowRankT
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
 SEAM = 4
@@ -34,8 +35,9 @@ def _sealed(engine, seed: int, fmt: str) -> tuple[str, bytes]:
 def _tensors(entry: SegmentEntry) -> list[torch.Tensor | None]:
     out = []
     for b in entry.layers:
-        if isinstance(b, LinearBody):
-            out += [b.T, b.S, b.conv_tail, b.warmup_inputs]
+        if isinstance(b, LinearBody):  # a short span's T may be low-rank factors (LowRankT)
+            T = [b.T.gamma, b.T.P, b.T.Q] if isinstance(b.T, LowRankT) else [b.T]
+            out += [*T, b.S, b.conv_tail, b.warmup_inputs]
         elif isinstance(b, AttentionBody):
             out += [b.keys, b.values]
     return out
@@ -66,6 +68,7 @@ def test_the_device_parse_equals_the_host_parse(engine, fmt, misalign, fresh_see
     if fmt == "fp32" and misalign == 0:  # views of the buffer, not copies
         base = buf.untyped_storage().data_ptr()
         t = got.layers[[isinstance(b, LinearBody) for b in got.layers].index(True)].T
+        t = t.P if isinstance(t, LowRankT) else t
         assert base <= t.data_ptr() < base + buf.numel()
 
 
