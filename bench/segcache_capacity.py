@@ -1,9 +1,9 @@
 """Hit rate vs host-tier capacity for 1, 2, 4 segcache instances on the RAG trace.
 
-    python -m bench.segcache_capacity [--requests 3000] [--out bench/results] [--only capacity|formats]
+    python -m bench.segcache_capacity [--requests 3000] [--out bench/results]
 
-The second study (bench/segcache_capacity_formats.py: the entry formats at equal budgets) writes
-segcache_capacity_formats.json.
+The entry formats at equal budgets are a study of their own on this trace and these simulated
+tiers: `python -m bench.segcache_capacity_formats` (segcache_capacity_formats.json).
 
 The RAG trace of bench/workloads.py (a Zipf-popular corpus, 4-32 documents per request, cut to
 the prompt budget) is replayed against k simulated host tiers: each document's key is placed on
@@ -170,32 +170,20 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warm", type=int, default=500, help="requests before counting")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--transfer-gbps", type=float, default=None,
-                    help="formats study: read rate for transfer times (default: bench/results/segcache.json's)")
+                    help="bench.segcache_capacity_formats: read rate for transfer times (default: bench/results/segcache.json's)")
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_args(ap)
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    ap.add_argument("--only", choices=["capacity", "formats"], default=None,
-                    help="run one study (default: both)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    result: dict = {}
-    if args.only != "formats":
-        result = run(args)
-        print(table(result))
-        (args.out / "segcache_capacity.json").write_text(json.dumps(result, indent=1) + "\n")
-        plot(result, args.out / "segcache_capacity.png")
-        print(f"wrote {args.out}/segcache_capacity.json, segcache_capacity.png")
-    if args.only != "capacity":
-        from bench.segcache_capacity_formats import run_formats, table_formats
-
-        formats = run_formats(args)
-        print(table_formats(formats))
-        (args.out / "segcache_capacity_formats.json").write_text(json.dumps(formats, indent=1) + "\n")
-        print(f"wrote {args.out}/segcache_capacity_formats.json")
-        result["formats"] = formats
+    result = run(args)
+    print(table(result))
+    (args.out / "segcache_capacity.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.out / "segcache_capacity.png")
+    print(f"wrote {args.out}/segcache_capacity.json, segcache_capacity.png")
     return result
 
 

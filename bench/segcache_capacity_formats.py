@@ -1,6 +1,6 @@
 """Entry formats at equal cache budgets: what compact T and S buy on the RAG trace (issue 28 item 4).
 
-    python -m bench.segcache_capacity --only formats [--requests 3000]
+    python -m bench.segcache_capacity_formats [--requests 3000] [--out bench/results]
 
 The RAG trace of bench/segcache_capacity.py is replayed against one cache of a fixed byte budget
 (a fraction of the corpus's bytes in fp32 entries: the same bytes for every format), evicting with
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from bench import workloads as W
-from bench.segcache_capacity import REPO, SimTier, rag
+from bench.segcache_capacity import REPO, SimTier, add_args, rag
 from common.engine.dtypes import ENTRY_FORMATS
 from hypic.launcher import DEFAULT_MODEL
 
@@ -61,7 +61,7 @@ def bundled_entries(model: Path, reps: int = 3, lengths: tuple[int, int] = LENGT
     from common.engine.hybrid_engine import HybridEngine
     from common.engine.pic.entry import SegmentEntry
 
-    engine = HybridEngine.for_worker(model, "float32", "cpu")
+    engine = HybridEngine.for_worker(model, "float32", "cpu", entry_format="fp32")  # written in each format below
     rng = random.Random(0)
     sizes = {f: [] for f in ENTRY_FORMATS}
     parse = {f: [] for f in ENTRY_FORMATS}
@@ -186,3 +186,20 @@ def table_formats(result: dict) -> str:
                          f"{r['hit_bytes_per_request'] / 2**20:>8.2f} {ms(r['transfer_grpc_s_per_request']):>8} "
                          f"{ms(r['rebuild_s_per_request']):>10} {ms(r['ttft_est_grpc_s']):>11}")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_args(ap)
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = run_formats(args)
+    print(table_formats(result))
+    (args.out / "segcache_capacity_formats.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}/segcache_capacity_formats.json")
+    return result
+
+
+if __name__ == "__main__":
+    main()

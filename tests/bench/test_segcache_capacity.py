@@ -73,7 +73,7 @@ def test_bundled_entry_sizes_are_affine_in_tokens_per_format(tmp_path):
 
     model = make_tiny_model(tmp_path / "model")
     fitted = bundled_entries(model, reps=1, lengths=(24, 96))
-    engine = HybridEngine.for_worker(model, "float32", "cpu")
+    engine = HybridEngine.for_worker(model, "float32", "cpu", entry_format="fp32")  # written in each format
     entry = engine.build_entry(list(range(1, 61)), SEAM)
     for f in ENTRY_FORMATS:
         real = len(entry.with_format(f).to_bytes())

@@ -369,6 +369,7 @@ def test_cli_generate_says_how_it_was_served(full_mesh, capsys) -> None:
 def test_cli_info_shows_each_workers_entry_format_and_the_cache_by_format(full_mesh, capsys) -> None:
     """`hypic info`: the format each scatter builds and each combine composes, as they say it
     now, and each segcache tier's bytes and entries per format (the entries scatter stored)."""
+    from common.engine.dtypes import WORKER_ENTRY_FORMAT
     from hypic.cli import main
 
     with hypic.Client(full_mesh.router_address, timeout=60) as c:
@@ -378,8 +379,9 @@ def test_cli_info_shows_each_workers_entry_format_and_the_cache_by_format(full_m
     assert main(["info", "--address", full_mesh.router_address]) == 0
     info = json.loads(capsys.readouterr().out)
     formats = info["entry_formats"]
-    assert formats == {"scatter": {full_mesh["scatter0"].address: "fp32"},
-                       "combine": {full_mesh["combine0"].address: "fp32"}, "mixed": False}
+    fmt = WORKER_ENTRY_FORMAT  # the mesh runs the workers' default format (bf16)
+    assert formats == {"scatter": {full_mesh["scatter0"].address: fmt},
+                       "combine": {full_mesh["combine0"].address: fmt}, "mixed": False}
     [cache] = info["cache"].values()
     disk = cache["tiers"]["disk"]
-    assert disk["entries"] >= 1 and disk["formats"] == {"fp32": {"bytes": disk["bytes"], "entries": disk["entries"]}}
+    assert disk["entries"] >= 1 and disk["formats"] == {fmt: {"bytes": disk["bytes"], "entries": disk["entries"]}}
