@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,79 +22,10 @@ import kubernetes.client as k8s
 import pytest
 import yaml
 
-from common.mesh.config import load_config
 from common.mesh.discovery import parse_target
+from tests.support.k8s_manifests import (CERT_NAMES, GRPC_SERVICES, HAND_MADE_SECRET_FILES, HTTP_SERVICES, K8S, MODELS,
+                                        hypic_containers, loaded_config, of_kind, pods_of, selects, workloads)
 from tests.support.service_configs import service_config
-
-ROOT = Path(__file__).resolve().parents[2]
-K8S = ROOT / "deploy" / "k8s"
-MODELS = {
-    ("v1", "Namespace"): k8s.V1Namespace,
-    ("v1", "Service"): k8s.V1Service,
-    ("v1", "PersistentVolumeClaim"): k8s.V1PersistentVolumeClaim,
-    ("apps/v1", "Deployment"): k8s.V1Deployment,
-    ("apps/v1", "StatefulSet"): k8s.V1StatefulSet,
-    ("autoscaling/v2", "HorizontalPodAutoscaler"): k8s.V2HorizontalPodAutoscaler,
-    ("policy/v1", "PodDisruptionBudget"): k8s.V1PodDisruptionBudget,
-}
-GRPC_SERVICES = {"segcache": "hypic.v1.Segcache", "scatter": "hypic.v1.Scatter",
-                 "combine": "hypic.v1.Combine", "router": "hypic.v1.Router"}
-HTTP_SERVICES = {"front"}
-# Files the kustomization's secretGenerator reads besides what `hypic certs` writes (docs/deploy.md).
-HAND_MADE_SECRET_FILES = {"entry.key", "api-key", "front-api-key"}
-CERT_NAMES = ("segcache", "scatter", "combine", "router", "front")
-
-
-@pytest.fixture(scope="module")
-def kustomization() -> dict:
-    return yaml.safe_load((K8S / "kustomization.yaml").read_text())
-
-
-@pytest.fixture(scope="module")
-def objects(kustomization) -> dict[tuple[str, str], dict]:
-    """(kind, name) -> manifest, from every resource the kustomization lists."""
-    out = {}
-    for res in kustomization["resources"]:
-        path = K8S / res
-        assert path.is_file(), f"kustomization names {res}, which does not exist"
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc is None:
-                continue
-            key = (doc["kind"], doc["metadata"]["name"])
-            assert key not in out, f"{key} defined twice"
-            out[key] = doc
-    return out
-
-
-def of_kind(objects: dict, kind: str) -> dict[str, dict]:
-    return {name: doc for (k, name), doc in objects.items() if k == kind}
-
-
-def service_kind(container: dict) -> str | None:
-    """'router' for `python -m services.router`; None for a container of something else."""
-    cmd = container.get("command") or []
-    if cmd[:2] == ["python", "-m"] and cmd[2].startswith("services."):
-        return cmd[2].split(".")[1]
-    return None
-
-
-def workloads(objects: dict) -> dict[str, dict]:
-    """Deployments and StatefulSets (segcache's members), by name."""
-    return of_kind(objects, "Deployment") | of_kind(objects, "StatefulSet")
-
-
-def hypic_containers(objects: dict):
-    for name, dep in workloads(objects).items():
-        for c in dep["spec"]["template"]["spec"]["containers"]:
-            kind = service_kind(c)
-            if kind:
-                yield name, dep, c, kind
-
-
-def loaded_config(container: dict, kind: str):
-    cls, prefix = service_config(kind)
-    env = {e["name"]: (e["value"] if "value" in e else "from-the-pod") for e in container["env"]}
-    return load_config(cls, [], env=env, env_prefix=prefix)
 
 
 def test_every_resource_file_is_listed_and_loads_strictly(objects) -> None:
@@ -184,15 +114,6 @@ def test_ports_probes_and_grace_periods_match_the_config(objects) -> None:
         assert grace >= drain + 5, f"{name}: {grace} s to stop, the service takes {drain} s"
         if kind in ("scatter", "combine"):
             assert c["resources"]["limits"]["nvidia.com/gpu"] == "1", name
-
-
-def selects(selector: dict, labels: dict) -> bool:
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
-
-
-def pods_of(objects: dict, selector: dict) -> list[str]:
-    return [n for n, d in workloads(objects).items()
-            if selects(selector, d["spec"]["template"]["metadata"]["labels"])]
 
 
 def test_services_select_pods_and_target_their_ports(objects) -> None:
@@ -437,134 +358,3 @@ def test_kubectl_kustomize_renders_with_the_secrets_it_names(tmp_path) -> None:
             refs |= {e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", [])
                      if "secretKeyRef" in e.get("valueFrom", {})}
     assert refs == secrets, refs ^ secrets
-
-
-# ---- the cache tier and the routers scale on their own ----------------------------------------------
-def test_segcache_members_are_found_by_name_and_autoscaled(objects) -> None:
-    """Every client reaches segcache by its headless Service (dns:///: every member pod), the
-    members are a StatefulSet governed by that Service, and HPAs grow segcache on memory and the
-    routers on their request rate per pod (an adapter's Pods metric) and on CPU (what a plain
-    cluster's metrics-server gives, so a cluster without an adapter still scales them up)."""
-    seg = of_kind(objects, "StatefulSet")["segcache"]
-    svc = of_kind(objects, "Service")[seg["spec"]["serviceName"]]
-    assert svc["spec"].get("clusterIP") == "None"
-    assert pods_of(objects, svc["spec"]["selector"]) == ["segcache"]
-    clients = 0
-    for name, _, c, kind in hypic_containers(objects):
-        cfg = loaded_config(c, kind)
-        if kind in ("scatter", "combine", "router"):
-            assert parse_target(cfg.segcache_address).is_dns, f"{name}: segcache by a list, not by name"
-            clients += 1
-    assert clients >= 3
-    hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in of_kind(objects, "HorizontalPodAutoscaler").values()}
-    want = {"segcache": [("Resource", "memory")],
-            "router": [("Pods", "hypic_router_requests_per_second"), ("Resource", "cpu")]}
-    for target, resource in (("segcache", "memory"), ("router", "cpu")):
-        metrics = hpas[target]["spec"]["metrics"]
-        assert [(m["type"], (m.get("resource") or m["pods"]["metric"])["name"]) for m in metrics] == want[target]
-        container = workloads(objects)[target]["spec"]["template"]["spec"]["containers"][0]
-        assert resource in container["resources"]["requests"], f"{target}: utilization needs a request"
-        assert 2 <= hpas[target]["spec"]["minReplicas"] < hpas[target]["spec"]["maxReplicas"]
-
-
-ADAPTER_VALUES = ROOT / "deploy" / "prometheus-adapter" / "values.yaml"
-
-
-def test_every_pods_metric_an_hpa_names_is_served_by_the_adapter_rules(objects) -> None:
-    """deploy/prometheus-adapter/values.yaml has a rule for each Pods metric an HPA scales on, and
-    each rule reads a series the service exports (its metrics module, as Prometheus names it)."""
-    from prometheus_client import REGISTRY
-
-    import services.combine.metrics  # noqa: F401  (register the families)
-    import services.router.metrics  # noqa: F401
-    import services.scatter.metrics  # noqa: F401
-
-    exported = {s.name for fam in REGISTRY.collect() for s in fam.samples} | \
-        {fam.name for fam in REGISTRY.collect()}
-    rules = yaml.safe_load(ADAPTER_VALUES.read_text())["rules"]["custom"]
-    served = {}
-    for rule in rules:
-        series = rule["seriesQuery"].split("{")[0].strip("'")
-        assert series in exported or series.removesuffix("_total") in exported, f"{series}: no service exports it"
-        assert re.fullmatch(rule["name"]["matches"], series), rule
-        assert "<<.Series>>" in rule["metricsQuery"] and "<<.LabelMatchers>>" in rule["metricsQuery"]
-        assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
-        served[rule["name"]["as"]] = rule
-    named = {m["pods"]["metric"]["name"]: h["spec"]["scaleTargetRef"]["name"]
-             for h in of_kind(objects, "HorizontalPodAutoscaler").values()
-             for m in h["spec"]["metrics"] if m["type"] == "Pods"}
-    assert set(named) == {"hypic_scatter_queued_tokens", "hypic_combine_in_flight",
-                          "hypic_router_requests_per_second"}
-    assert set(named) <= set(served), set(named) - set(served)
-    # a counter's HPA metric is a rate, never the ever-growing total
-    assert "rate(" in served["hypic_router_requests_per_second"]["metricsQuery"]
-
-
-# ---- the device-tier overlay (deploy/k8s-device-tier) ---------------------------------------------
-OVERLAY = ROOT / "deploy" / "k8s-device-tier"
-
-
-def _strategic_merge_container(base: dict, patch: dict) -> dict:
-    """What kustomize's strategic merge does to one container for the keys the patch uses: env
-    entries merged by name (a patched name replaces its value), resources.limits/requests by key."""
-    out = yaml.safe_load(yaml.safe_dump(base))
-    env = {e["name"]: e for e in out.get("env", [])}
-    for e in patch.get("env", []):
-        env[e["name"]] = e
-    out["env"] = list(env.values())
-    for part, values in (patch.get("resources") or {}).items():
-        out.setdefault("resources", {}).setdefault(part, {}).update(values)
-    return out
-
-
-@pytest.fixture(scope="module")
-def device_tier_segcache(objects) -> tuple[dict, dict]:
-    """(the patched segcache container, the patched StatefulSet) as the overlay makes them."""
-    kust = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
-    assert kust["resources"] == ["../k8s"], "the overlay builds on the base, changing only what it patches"
-    (patch_ref,) = kust["patches"]
-    patch = yaml.safe_load((OVERLAY / patch_ref["path"]).read_text())
-    base = objects[(patch["kind"], patch["metadata"]["name"])]
-    assert (patch["kind"], patch["metadata"]["name"]) == ("StatefulSet", "segcache")
-    (pc,) = patch["spec"]["template"]["spec"]["containers"]
-    containers = base["spec"]["template"]["spec"]["containers"]
-    (bc,) = [c for c in containers if c["name"] == pc["name"]]
-    merged_c = _strategic_merge_container(bc, pc)
-    sts = yaml.safe_load(yaml.safe_dump(base))
-    sts["spec"]["template"]["spec"]["containers"] = [merged_c if c["name"] == pc["name"] else c for c in containers]
-    return merged_c, sts
-
-
-def test_device_tier_overlay_turns_tier_0_on_with_real_settings(device_tier_segcache) -> None:
-    c, sts = device_tier_segcache
-    k8s.V1StatefulSet.model_validate(sts)  # strict: a misspelt key in the patch fails here
-    cls, prefix = service_config("segcache")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    for e in c["env"]:
-        assert e["name"].startswith(prefix) and e["name"][len(prefix):].lower() in fields, e["name"]
-    cfg = loaded_config(c, "segcache")
-    assert 1 << 30 <= cfg.device_bytes <= 32 << 30, "tier 0 must leave a shared GPU room for a model"
-    assert cfg.device_index == 0 and cfg.host_bytes > 0  # the base's settings stay
-    limits = c["resources"]["limits"]
-    assert limits["nvidia.com/gpu"] == "1" and limits["memory"] == "48Gi"
-
-
-@pytest.mark.processes
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl to render the kustomization")
-def test_kubectl_renders_the_device_tier_overlay_as_the_test_merges_it(tmp_path, device_tier_segcache) -> None:
-    from hypic.certs import generate_mesh_certs
-
-    shutil.copytree(K8S, tmp_path / "k8s", ignore=shutil.ignore_patterns("secrets"))
-    shutil.copytree(OVERLAY, tmp_path / OVERLAY.name)
-    generate_mesh_certs(tmp_path / "k8s" / "secrets", CERT_NAMES, extra_hosts=["router-pods"])
-    for name in HAND_MADE_SECRET_FILES:
-        (tmp_path / "k8s" / "secrets" / name).write_text(os.urandom(16).hex())
-    out = subprocess.run(["kubectl", "kustomize", str(tmp_path / OVERLAY.name)], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    (sts,) = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "StatefulSet"
-              and d["metadata"]["name"] == "segcache"]
-    (c,) = [c for c in sts["spec"]["template"]["spec"]["containers"] if c["name"] == "segcache"]
-    want, _ = device_tier_segcache
-    env = lambda cont: {e["name"]: e.get("value", e.get("valueFrom")) for e in cont["env"]}  # noqa: E731
-    assert env(c) == env(want) and c["resources"] == want["resources"]
