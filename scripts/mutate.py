@@ -261,7 +261,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("compose-cpu-router-misses-a-scatter", "docker-compose.cpu.yml",
            '"--scatter-addresses", "127.0.0.1:23071,127.0.0.1:23072"',
            '"--scatter-addresses", "127.0.0.1:23071"',
-           ("tests/deploy/test_compose_file.py",)),
+           ("tests/deploy/test_compose_cpu_override.py",)),
     Mutant("compose-combine-without-entry-key", "docker-compose.yml",
            "      HYPIC_COMBINE_ENTRY_KEY_FILE: /run/secrets/entry-key\n", "",
            ("tests/deploy/test_compose_file.py",)),

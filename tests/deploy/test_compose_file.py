@@ -9,162 +9,25 @@ it) keeps every service on its own 127.0.0.1 port of the host network.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib.util
-import re
-from pathlib import Path
 
 import pytest
-import yaml
 
-from common.mesh.config import load_config
 from common.mesh.discovery import parse_target
+from tests.support.compose_files import (COMPOSE, DOCKERFILE, MOONCAKE_URL, ROOT, hypic_services, kind_of, load,
+                                        load_configs, split)
 from tests.support.service_configs import config_flags, service_config
 from services.segcache.remote_tier import parse_remote_url
-
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "docker-compose.yml"
-CPU_COMPOSE = ROOT / "docker-compose.cpu.yml"
-DOCKERFILE = ROOT / "docker" / "Dockerfile"
-MOONCAKE_URL = "mooncake://mooncake-master:50091"  # the value docker-compose.yml documents
-
-
-# ---- loading and merging as compose does ---------------------------------------------------------
-class _Reset:
-    """`!reset`: the key is dropped from the merged service."""
-
-
-class _Override:
-    """`!override VALUE`: VALUE replaces the base's instead of merging with it."""
-
-    def __init__(self, value):
-        self.value = value
-
-
-class _ComposeLoader(yaml.SafeLoader):
-    pass
-
-
-_ComposeLoader.add_constructor("!reset", lambda loader, node: _Reset())
-_ComposeLoader.add_constructor("!override", lambda loader, node: _Override(
-    loader.construct_sequence(node, deep=True) if isinstance(node, yaml.SequenceNode)
-    else loader.construct_mapping(node, deep=True) if isinstance(node, yaml.MappingNode)
-    else loader.construct_scalar(node)))
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def interpolate(text: str, env: dict[str, str]) -> str:
-    """compose's ${VAR} and ${VAR:-default} (the only forms the files use)."""
-    def sub(m: re.Match) -> str:
-        return env.get(m.group(1)) or (m.group(2) or "")
-    return _VAR.sub(sub, text)
-
-
-def _interpolate_values(node, env: dict[str, str]):
-    """compose interpolates the parsed strings, not the text (an empty value stays a string)."""
-    if isinstance(node, dict):
-        return {k: _interpolate_values(v, env) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_interpolate_values(v, env) for v in node]
-    if isinstance(node, _Override):
-        return _Override(_interpolate_values(node.value, env))
-    return interpolate(node, env) if isinstance(node, str) else node
-
-
-def load(path: Path, env: dict[str, str] | None = None) -> dict:
-    return _interpolate_values(yaml.load(path.read_text(), Loader=_ComposeLoader), env or {})
-
-
-_REPLACED = {"command", "entrypoint", "test"}  # sequences an override replaces
-_BY_TARGET = {"volumes", "secrets"}  # sequences merged by their target
-
-
-def _merge(base, over, key: str = ""):
-    if isinstance(over, _Override):
-        return copy.deepcopy(over.value)
-    if isinstance(base, dict) and isinstance(over, dict):
-        out = copy.deepcopy(base)
-        for k, v in over.items():
-            if isinstance(v, _Reset):
-                out.pop(k, None)
-            else:
-                out[k] = _merge(out[k], v, k) if k in out else _merge(None, v, k)
-        return out
-    if isinstance(base, list) and isinstance(over, list) and key not in _REPLACED:
-        if key in _BY_TARGET:
-            targets = {_target(x) for x in over}
-            return [x for x in base if _target(x) not in targets] + copy.deepcopy(over)
-        return copy.deepcopy(base) + [x for x in over if x not in base]
-    if isinstance(over, (dict, list)):
-        return _merge({} if isinstance(over, dict) else [], over, key) if base is None else copy.deepcopy(over)
-    return over
-
-
-def _target(item) -> str:
-    if isinstance(item, dict):
-        return item.get("target") or item["source"]
-    return str(item).split(":")[1] if ":" in str(item) else str(item)
-
-
-def merged(env: dict[str, str] | None = None) -> dict:
-    """docker-compose.yml with docker-compose.cpu.yml on top (`extends` resolved)."""
-    base, over = load(COMPOSE, env), load(CPU_COMPOSE, env)
-    out = _merge(base, {k: v for k, v in over.items() if k != "services" and not k.startswith("x-")})
-    for name, svc in over["services"].items():
-        svc = dict(svc)
-        ext = svc.pop("extends", None)
-        if ext:
-            assert ext["file"] == COMPOSE.name, ext
-            start = _merge(base["services"][ext["service"]], {})
-        else:
-            start = base["services"].get(name, {})
-        out["services"][name] = _merge(start, svc)
-    return out
-
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
     return load(COMPOSE)
 
 
-def hypic_services(compose: dict) -> dict:
-    """The services that run a Hypic module (not the Mooncake master)."""
-    return {n: s for n, s in compose["services"].items() if s["command"][:2] == ["python", "-m"]}
-
-
-def kind_of(svc: dict) -> str:
-    cmd = svc["command"]
-    assert isinstance(cmd, list) and cmd[:2] == ["python", "-m"], cmd
-    module = cmd[2]
-    assert module.startswith("services."), module
-    return module.split(".")[1]
-
-
 @pytest.fixture(scope="module")
 def configs(compose) -> dict:
     return load_configs(compose)
-
-
-def load_configs(compose: dict) -> dict:
-    """service name -> (kind, loaded config dataclass instance)."""
-    out = {}
-    for name, svc in hypic_services(compose).items():
-        kind = kind_of(svc)
-        cls, prefix = service_config(kind)
-        env = {k: str(v) for k, v in (svc.get("environment") or {}).items()}
-        try:
-            cfg = load_config(cls, svc["command"][3:], env=env, env_prefix=prefix)
-        except SystemExit:  # argparse: unknown flag or bad value
-            pytest.fail(f"{name}: {svc['command'][3:]} is not accepted by {cls.__name__}")
-        out[name] = (kind, cfg)
-    return out
-
-
-def split(address: str) -> tuple[str, int]:
-    host, port = address.rsplit(":", 1)
-    return host, int(port)
 
 
 def test_every_command_is_a_real_module(compose) -> None:
@@ -308,12 +171,6 @@ def test_segcache_device_tier_on_the_gpu_a_combine_claims_first(compose, configs
     assert "HYPIC_SEGCACHE_DEVICE_BYTES" in (ROOT / "docs" / "deploy.md").read_text()
 
 
-def test_cpu_override_turns_the_device_tier_off(cpu) -> None:
-    (seg,) = [cfg for kind, cfg in load_configs(cpu).values() if kind == "segcache"]
-    assert seg.device_bytes == 0
-    assert "deploy" not in cpu["services"]["segcache"] or not cpu["services"]["segcache"]["deploy"]
-
-
 def test_mutual_tls_and_keys_come_from_declared_secrets(compose, configs) -> None:
     """Every service serves mutual TLS from /run/secrets (files under ./secrets, never in the
     image); segcache demands client certificates (the writer role is a certificate name), the
@@ -385,124 +242,3 @@ def test_mooncake_master_is_opt_in_and_reached_by_segcache() -> None:
         assert lib in text, f"docker/Dockerfile lacks {lib}"
     assert "mooncake.store" in text, "the image build must import mooncake.store"
 
-
-@pytest.fixture(scope="module")
-def cpu() -> dict:
-    return merged()
-
-
-def test_cpu_override_runs_every_service_on_its_own_loopback_port(cpu) -> None:
-    services = cpu["services"]
-    cfgs = load_configs(cpu)
-    ports: dict[int, str] = {}
-    for name, svc in services.items():
-        assert svc.get("network_mode") == "host", f"{name}: only the host network (no bridge)"
-        assert not svc.get("ports"), f"{name}: nothing is published on the host network"
-        assert svc["image"] == "hypic-cpu:latest" and svc["build"]["args"]["HYPIC_EXTRAS"] == ""
-        assert "devices" not in str(svc.get("deploy", {})), f"{name}: a GPU reservation left"
-        assert svc.get("entrypoint") in (None, []), f"{name}: claims a GPU"
-        assert all("gpu-locks" not in str(v) for v in svc.get("volumes") or []), name
-    for name, (kind, cfg) in cfgs.items():
-        assert cfg.host == "127.0.0.1", f"{name} must listen on loopback only"
-        assert cfg.port not in ports, f"{name} and {ports.get(cfg.port)} share port {cfg.port}"
-        ports[cfg.port] = name
-        if getattr(cfg, "metrics_port", -1) >= 0:
-            assert cfg.metrics_port not in ports, name
-            ports[cfg.metrics_port] = name + " metrics"
-        test = services[name]["healthcheck"]["test"]
-        assert split(test[4]) == ("127.0.0.1", cfg.port), (name, test)
-        if kind in ("scatter", "combine"):
-            assert cfg.device == "cpu" and str(cfg.dtype).endswith("float32"), name
-            assert str(cfg.model).startswith("/models/")
-    master = dict(a.split("=", 1) for a in services["mooncake-master"]["command"][1:])
-    assert master["--rpc_address"] == "127.0.0.1" and master["--metrics_host"] == "127.0.0.1"
-    for flag in ("--rpc_port", "--metrics_port"):
-        assert int(master[flag]) not in ports, f"mooncake-master {flag} is taken"
-        ports[int(master[flag])] = "mooncake-master"
-    assert all(p < 32768 for p in ports), "ports inside Linux's ephemeral range can be taken"
-
-
-def test_cpu_override_router_lists_every_worker(cpu) -> None:
-    """No compose DNS on the host network: the router's static lists name every scatter and
-    combine service, by the port each listens on, and the segcache they all use."""
-    cfgs = load_configs(cpu)
-    by_kind: dict[str, set[str]] = {}
-    for name, (kind, cfg) in cfgs.items():
-        by_kind.setdefault(kind, set()).add(f"127.0.0.1:{cfg.port}")
-    (router,) = [cfg for kind, cfg in cfgs.values() if kind == "router"]
-    assert len(by_kind["scatter"]) >= 2, "the crash check needs a second scatter"
-    assert set(router.scatter_addresses.split(",")) == by_kind["scatter"]
-    assert set(router.combine_addresses.split(",")) == by_kind["combine"]
-    assert {router.segcache_address} == by_kind["segcache"]
-    for name, (kind, cfg) in cfgs.items():
-        if kind in ("scatter", "combine"):
-            assert cfg.segcache_address == router.segcache_address, name
-            assert cfg.dtype == router.dtype, f"{name}: dtype differs from the router's"
-        if kind == "front":
-            assert cfg.routers == [router.host + f":{router.port}"]
-    deps = cpu["services"]["router"]["depends_on"]
-    assert {n for n, (k, _) in cfgs.items() if k in ("scatter", "combine", "segcache")} <= set(deps)
-    on = merged({"HYPIC_REMOTE_URL": "mooncake://127.0.0.1:23091"})
-    master = dict(a.split("=", 1) for a in on["services"]["mooncake-master"]["command"][1:])
-    (seg,) = [cfg for kind, cfg in load_configs(on).values() if kind == "segcache"]
-    assert parse_remote_url(seg.remote_url) == ("127.0.0.1", int(master["--rpc_port"]))
-    assert "mooncake://127.0.0.1:23091" in CPU_COMPOSE.read_text()
-
-
-def test_cpu_override_keeps_secrets_and_entry_key(cpu) -> None:
-    for name, (kind, cfg) in load_configs(cpu).items():
-        mounted = {f"/run/secrets/{m['target']}": m["source"] for m in cpu["services"][name]["secrets"]}
-        if kind in ("segcache", "scatter", "combine"):
-            assert mounted[str(cfg.entry_key_file)] == "entry-key", name
-        if kind in ("scatter", "combine"):
-            assert mounted[str(cfg.tls_cert)] == f"{kind}-cert", f"{name}: not the {kind} identity"
-
-
-def test_merge_follows_compose_rules() -> None:
-    """The helper above against the rules the files rely on (compose-spec merge)."""
-    base = {"command": ["a", "b"], "environment": {"X": "1", "Y": "2"}, "deploy": {"r": 1},
-            "volumes": [{"type": "bind", "source": "./m", "target": "/m"}, "v:/data"],
-            "ports": ["1:1"]}
-    over = {"command": ["c"], "environment": {"Y": "3"}, "deploy": _Reset(),
-            "volumes": [{"type": "bind", "source": "./n", "target": "/m"}], "ports": _Override([])}
-    got = _merge(base, over)
-    assert got == {"command": ["c"], "environment": {"X": "1", "Y": "3"},
-                   "volumes": ["v:/data", {"type": "bind", "source": "./n", "target": "/m"}],
-                   "ports": []}
-    assert interpolate("a ${X:-d} ${Y:-} ${Z}", {"X": "x"}) == "a x  "
-
-
-def test_cpu_image_leaves_out_only_what_services_never_import(cpu) -> None:
-    """PIP_SKIP (the CPU image's left-out requirements) must name no runtime dependency of the
-    package and nothing the services, common/ or the SDK import."""
-    import tomllib
-
-    skip = cpu["services"]["segcache"]["build"]["args"].get("PIP_SKIP", "")
-    names = {n.strip().lower() for n in skip.split("|") if n.strip()}
-    assert names, "the CPU image skips nothing: PIP_SKIP lost?"
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    runtime = {re.split(r"[=<>~!;\[ ]", d, maxsplit=1)[0].strip().lower() for d in deps}
-    assert not names & runtime, f"PIP_SKIP drops runtime dependencies {names & runtime}"
-    modules = {n.replace("-", "_") for n in names}
-    imports = re.compile(r"^\s*(?:import|from)\s+(" + "|".join(sorted(modules)) + r")\b", re.M)
-    for pkg in ("services", "common", "hypic"):
-        for f in (ROOT / pkg).rglob("*.py"):
-            hit = imports.search(f.read_text())
-            assert hit is None, f"{f.relative_to(ROOT)} imports {hit.group(1)}, left out of the CPU image"
-    text = DOCKERFILE.read_text()
-    assert "ARG PIP_SKIP=" in text and "${PIP_SKIP}" in text
-
-
-def test_the_cpu_image_build_and_the_check(cpu) -> None:
-    for name, svc in cpu["services"].items():
-        b = svc["build"]
-        assert svc["image"] == "hypic-cpu:latest" and b["network"] == "host", name
-        assert b["args"]["HYPIC_EXTRAS"] == "", f"{name}: no GPU extra on CPU"
-        assert "constraints-cpu.txt" in b["args"]["PIP_CONSTRAINTS"]
-        assert (ROOT / b["args"]["PIP_CONSTRAINTS"].split()[-1]).is_file()
-    text = DOCKERFILE.read_text()
-    assert "${PIP_CONSTRAINTS}" in text and "ARG CUDA_IMAGE" in text
-    check = ROOT / "scripts" / "compose-check.sh"
-    assert check.stat().st_mode & 0o111
-    assert "compose-check:" in (ROOT / "Makefile").read_text()
-    assert "--profile mooncake" in check.read_text() and "scripts/compose_request.py" in check.read_text()
