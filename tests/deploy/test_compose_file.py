@@ -171,6 +171,20 @@ def test_segcache_device_tier_on_the_gpu_a_combine_claims_first(compose, configs
     assert "HYPIC_SEGCACHE_DEVICE_BYTES" in (ROOT / "docs" / "deploy.md").read_text()
 
 
+def test_combines_share_segcache_ipc_and_pid_namespaces(compose, configs) -> None:
+    """CUDA IPC between containers (a tier-0 hit mapped by the combine on segcache's GPU) needs
+    both processes in one IPC and one PID namespace: segcache's is shareable and every combine
+    joins it; no scatter needs it."""
+    (seg,) = [n for n, (k, _) in configs.items() if k == "segcache"]
+    assert compose["services"][seg].get("ipc") == "shareable"
+    for n, (kind, _) in configs.items():
+        svc = compose["services"][n]
+        if kind == "combine":
+            assert svc.get("ipc") == svc.get("pid") == f"service:{seg}", n
+        elif kind == "scatter":
+            assert "ipc" not in svc and "pid" not in svc, n
+
+
 def test_mutual_tls_and_keys_come_from_declared_secrets(compose, configs) -> None:
     """Every service serves mutual TLS from /run/secrets (files under ./secrets, never in the
     image); segcache demands client certificates (the writer role is a certificate name), the
