@@ -299,8 +299,9 @@ def create_app(cfg: FrontConfig, template: ChatTemplate) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        await cache_usage.refresh(front.pool, cfg.model_name)
-        await drift_figures.refresh(front.pool, cfg.model_name)
+        infos = await front.pool.info_each()  # one Info per router per scrape feeds both
+        await cache_usage.refresh(front.pool, cfg.model_name, infos)
+        drift_figures.refresh(cfg.model_name, infos)
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -19,9 +19,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+import hypic.client
 from hypic.messages import DriftHistogram, DriftSummary
 from services.front import metrics as m
-from services.front.routers import RouterPool
 
 COUNTS = ("sampled", "shadowed", "dropped", "over_threshold")
 HISTOGRAMS = {
@@ -77,9 +77,11 @@ ROUTER_HISTOGRAMS = RouterHistograms()
 REGISTRY.register(ROUTER_HISTOGRAMS)
 
 
-async def refresh(pool: RouterPool, model_name: str) -> None:
+def refresh(model_name: str, infos: list[tuple[str, hypic.client.Info | None]]) -> None:
+    """Publish the first answering router's rolling figures and every router's histograms from
+    `infos` (RouterPool.info_each, asked once per scrape)."""
     published = False
-    for router, info in await pool.info_each():
+    for router, info in infos:
         if info is None:
             continue
         if not published:
