@@ -119,3 +119,25 @@ def test_mean_interval_is_the_normal_interval_of_the_mean():
 def test_intervals_count_the_correctness_strings():
     got = E.intervals({"retrieval": {"full": "1101", "hypic_w0": "0000"}})
     assert got == {"retrieval": {"full": list(E.wilson(3, 4)), "hypic_w0": [0.0, E.wilson(0, 4)[1]]}}
+
+
+def test_training_span_prompts_have_decoy_openings_and_no_repeated_query():
+    """Every boundary of a training prompt with span queries opens with SPAN_OPENING and a value, so
+    the values opening documents are not the span answers (elimination among them answered 70% of
+    training span queries and 25-32% held out); no query is asked twice (copying a repeat's answer)."""
+    mix = {"retrieval": 0.2, "two_hop": 0.1, "aggregation": 0.15, "update": 0.15, "span": 0.4}
+    decoys = spans = 0
+    for i in range(60):
+        rng = random.Random(1000 + i)
+        words, targets = T.train_sequence(rng, rng.randint(6, 12), (25, 54), mix=mix)
+        docs_end = words.index("<q>")
+        starts = [j for j, w in enumerate(words[:docs_end]) if w == "<doc>"]
+        for j in starts[1:]:
+            assert words[j + 1: j + 3] == T.SPAN_OPENING and words[j + 3] in T.VALUES and words[j + 4] == ".", (i, j)
+            if words[j - 1] in T.KEYS:
+                spans += 1
+            else:
+                decoys += 1
+        queries = [tuple(words[j: j + 4]) for j, w in enumerate(words) if w == "<q>"]
+        assert len(queries) == len(set(queries)), i
+    assert spans > 100 and decoys > 100
