@@ -233,6 +233,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "return stream_window_options(self.cfg.stream_window_bytes)", "return []",
            ("tests/services/segcache/test_stream_window.py", "-k", "announces")),
     # -- running the mesh ------------------------------------------------------------------------------
+    Mutant("nixl-loaded-from-another-backend", "common/mesh/nixl_util.py",
+           "for name in NIXL_BACKENDS_WITHOUT_CUDA:", "for name in reversed(NIXL_BACKENDS_WITHOUT_CUDA):",
+           ("tests/mesh/test_nixl_import.py",)),
+    Mutant("chat-template-blocks-keep-their-indent", "services/front/chat_render.py",
+           "trim_blocks=True, lstrip_blocks=True,", "trim_blocks=True, lstrip_blocks=False,",
+           ("tests/services/front/test_chat_render.py",)),
     Mutant("nixl-progress-thread-spins", "common/mesh/nixl_util.py",
            "PROGRESS_POLL_US = 100_000", "PROGRESS_POLL_US = 0",
            ("tests/system/test_idle_mesh_cpu.py",)),

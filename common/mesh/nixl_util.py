@@ -20,7 +20,10 @@ touches freed UCX state: SIGSEGV on SIGTERM).
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import sys
 import threading
 import time
 from typing import Any, Sequence
@@ -49,6 +52,58 @@ def _has_rdma_device() -> bool:
         return False
 
 
+# The backends nixl's meta package falls back to, in its order, when it finds no CUDA version.
+NIXL_BACKENDS_WITHOUT_CUDA = ("nixl_cu13", "nixl_cu12", "nixl_rocm")
+
+
+def _torch_build_cuda() -> tuple[bool, str | None]:
+    """(torch installed, the CUDA version it was built for or None), read from torch/version.py
+    without importing torch."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return False, None
+    if spec is None or not spec.origin:
+        return False, None
+    version: dict[str, Any] = {}
+    try:
+        path = os.path.join(os.path.dirname(spec.origin), "version.py")
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), version)
+    except Exception:  # an unreadable version.py: let nixl decide the usual way
+        return False, None
+    return True, version.get("cuda")
+
+
+def nixl_backend_without_torch() -> str | None:
+    """The backend module that `import nixl` would choose, where nixl's own choice would import
+    torch just to learn it is a CPU build; None where the meta package chooses without torch
+    (torch imported already, a CUDA build it reads off disk, no torch at all).
+
+    Why: nixl's meta package reads torch's CUDA version off disk, and when that says None (a
+    CPU build) imports all of torch to ask again -- 2.5 CPU seconds of segcache's start, in a
+    process that never uses torch. It then takes the first installed of
+    NIXL_BACKENDS_WITHOUT_CUDA, which is what this returns."""
+    if "torch" in sys.modules:
+        return None
+    installed, cuda = _torch_build_cuda()
+    if not installed or cuda is not None:
+        return None
+    for name in NIXL_BACKENDS_WITHOUT_CUDA:
+        if importlib.util.find_spec(name) is not None:
+            return name
+    return None
+
+
+def _import_nixl_api() -> Any:
+    """nixl._api: the backend's own module (the very object nixl aliases as nixl._api)."""
+    backend = nixl_backend_without_torch()
+    if backend is None:
+        from nixl import _api  # type: ignore[import-not-found]
+        return _api
+    return importlib.import_module(f"{backend}._api")
+
+
 def load_nixl() -> tuple[Any, str | None]:
     """(nixl._api module or None, reason it is unavailable or None). Imported once."""
     global _NIXL, _NIXL_ERROR
@@ -62,8 +117,7 @@ def load_nixl() -> tuple[Any, str | None]:
                 # without an RDMA device they are of no use anyway.
                 os.environ.setdefault("UCX_MODULES", "^ib")
             try:
-                from nixl import _api  # type: ignore[import-not-found]
-                _NIXL = _api
+                _NIXL = _import_nixl_api()
                 adopt_library_loggers()  # nixl's handler prints plain text on stdout
             except Exception as e:  # ImportError, OSError from missing shared libraries, ...
                 _NIXL_ERROR = f"nixl import failed: {type(e).__name__}: {e}"

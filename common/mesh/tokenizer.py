@@ -9,8 +9,9 @@ load tokenizer.json unchanged (`fast_path_refusal` says None):
 
 - `load_tokenizer` (the router) runs tokenizer.json with the `tokenizers` library itself, which is
   what that class calls for every encode and decode (`FastTokenizer`; no transformers at all);
-- `load_transformers_tokenizer` (the front, which renders chat templates with transformers) loads
-  that class straight from its module, without AutoTokenizer's model-config detour.
+- `load_transformers_tokenizer` loads that class straight from its module, without
+  AutoTokenizer's model-config detour (the front's fallback where its own chat-template renderer,
+  services/front/chat_render.py, does not apply).
 
 Anything else (a model-specific tokenizer class, added tokens declared only in
 tokenizer_config.json, a model type AutoTokenizer overrides the declared class for...) goes

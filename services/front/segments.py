@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
-from common.mesh.tokenizer import load_transformers_tokenizer
+from common.mesh.tokenizer import FastTokenizer, load_transformers_tokenizer
+from services.front.chat_render import ChatRenderer, chat_template_refusal
 from services.front.config import MODE_NAMES
 from services.front.errors import bad_request
 
@@ -41,26 +42,33 @@ class ChatTemplate:
     """The model's tokenizer and chat template, applied one message at a time. Without a
     tokenizer (a model served as token ids) messages are sent as their plain text."""
 
-    def __init__(self, tokenizer: Any = None):
-        self.tokenizer = tokenizer
-        self.has_template = bool(getattr(tokenizer, "chat_template", None))
+    def __init__(self, tokenizer: Any = None, renderer: ChatRenderer | None = None):
+        self.tokenizer = tokenizer  # FastTokenizer or a transformers tokenizer
+        self.renderer = renderer  # transformers' rendering without transformers, where it applies
+        self.has_template = renderer is not None or bool(getattr(tokenizer, "chat_template", None))
 
     @classmethod
     def load(cls, model_dir: Path) -> "ChatTemplate":
-        # AutoTokenizer's, without its torch import where it would pick the generic class
+        # Without transformers (1.5-2 CPU s of the front's start) where the tokenizer and the
+        # template are what AutoTokenizer would give (chat_render.chat_template_refusal).
+        if chat_template_refusal(model_dir) is None:
+            return cls(FastTokenizer(model_dir), ChatRenderer.load(model_dir))
         return cls(load_transformers_tokenizer(model_dir))
 
     def render(self, role: str, text: str, *, query: bool) -> str:
         if not self.has_template:
             return text
-        return self.tokenizer.apply_chat_template(
-            [{"role": role, "content": text}], tokenize=False, add_generation_prompt=query)
+        messages = [{"role": role, "content": text}]
+        if self.renderer is not None:
+            return self.renderer.render(messages, add_generation_prompt=query)
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=query)
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
             raise bad_request("the model has no tokenizer: send segments (hypic.segments or "
                               "several messages)")
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer([text], add_special_tokens=False)["input_ids"][0])
 
     def eos_ids(self) -> set[int]:
         eos = getattr(self.tokenizer, "eos_token_id", None)

@@ -1,7 +1,8 @@
 """python -m services.segcache [--port 0 --port-file PATH --data-dir DIR ...]
 
 Runs the segcache gRPC service until SIGTERM/SIGINT. With --port-file, once serving it writes
-{"port": ..., "metrics_port": ..., "pid": ..., "nixl": ...} there (atomically), which is how
+{"port": ..., "metrics_port": ..., "pid": ..., "nixl": ...} there (atomically; "nixl": offered,
+its agent made in the background -- NixlInfo answers once it exists), which is how
 tests and launchers learn an ephemeral port. `--help` lists every flag and its env variable.
 """
 
@@ -67,8 +68,9 @@ class SegcacheService(service.Service):
         return_freed_buffers_to_the_os()
         self.executor = ThreadPoolExecutor(max_workers=cfg.io_threads, thread_name_prefix="segcache-io")
         self.store = SegmentStore(cfg)
+        # the agent is made once serving (`started`): Get/Put need none of it
         self.leases = LeaseManager(self.store, enabled=cfg.nixl, backend=cfg.nixl_backend,
-                                   ttl_s=cfg.lease_ttl_s)
+                                   ttl_s=cfg.lease_ttl_s, agent_in_background=True)
         REGISTRY.register(StoreCollector(self.store, lambda: self.leases.active))
         self.remote = (MooncakeTier(cfg.remote_url, queue_entries=cfg.remote_queue_entries,
                                     segment_bytes=cfg.remote_segment_bytes,
@@ -101,6 +103,7 @@ class SegcacheService(service.Service):
 
     async def started(self) -> None:
         self.reaper = asyncio.create_task(self._reap())
+        self.leases.start_agent()
 
     async def _reap(self) -> None:
         """Expire lapsed NIXL leases, a few times per lease TTL."""
@@ -110,11 +113,11 @@ class SegcacheService(service.Service):
             await asyncio.get_running_loop().run_in_executor(self.executor, self.leases.expire)
 
     def port_info(self) -> dict:
-        return {"nixl": self.leases.available}
+        # whether NIXL is on offer: the agent is still being made now (NixlInfo says when it is)
+        return {"nixl": self.cfg.nixl}
 
     def serving_info(self) -> dict:
-        return {"nixl": self.leases.available, "nixl_reason": self.leases.reason or None,
-                "nixl_net_devices": self.nixl_devices}
+        return {"nixl": self.cfg.nixl, "nixl_net_devices": self.nixl_devices}
 
     async def stopping(self) -> None:
         self.reaper.cancel()

@@ -54,32 +54,63 @@ class _Registration:
 
 
 class LeaseManager:
+    """The NIXL leases and the agent they use. agent_in_background: the agent (nixl's import and
+    its UCX worker, about a second of CPU) is made by `start_agent` on a thread instead of here,
+    so that segcache serves Get/Put without waiting for it (issue 29: the mesh's start is its
+    processes' CPU); until it exists `starting` is True and NixlInfo waits for it or answers
+    UNAVAILABLE (the combine probes again)."""
+
     def __init__(self, store: SegmentStore, *, enabled: bool = True, backend: str = "UCX",
-                 ttl_s: float = 30.0, agent_name: str | None = None):
+                 ttl_s: float = 30.0, agent_name: str | None = None,
+                 agent_in_background: bool = False):
         self.store = store
         self.ttl_s = ttl_s
-        name = agent_name or f"segcache-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.agent = NixlAgent(name, backend, enabled=enabled)
+        self.backend = backend
+        self._enabled = enabled
+        self._agent_name = agent_name or f"segcache-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._lock = threading.Lock()
         self._leases: dict[str, Lease] = {}
         self._regs: dict[int, _Registration] = {}  # id(buffer) -> registration
-        if self.agent.available:
-            log.info("nixl agent ready", agent=name, backend=backend)
+        self.agent_made = threading.Event()
+        self._maker: threading.Thread | None = None
+        self.agent: NixlAgent | None = None
+        if not agent_in_background:
+            self._make_agent()
+
+    def start_agent(self) -> None:
+        """Make the agent on a thread (agent_in_background); `agent_made` is set once it exists."""
+        if self._maker is None and not self.agent_made.is_set():
+            self._maker = threading.Thread(target=self._make_agent, name="nixl-agent", daemon=True)
+            self._maker.start()
+
+    def _make_agent(self) -> None:
+        agent = NixlAgent(self._agent_name, self.backend, enabled=self._enabled)
+        self.agent = agent
+        self.agent_made.set()
+        if agent.available:
+            log.info("nixl agent ready", agent=agent.name, backend=self.backend)
         else:
-            log.warning("nixl path unavailable", reason=self.agent.reason)
+            log.warning("nixl path unavailable", reason=agent.reason)
+
+    @property
+    def starting(self) -> bool:
+        """The agent is still being made in the background."""
+        return self.agent is None
 
     @property
     def available(self) -> bool:
-        return self.agent.available
+        return self.agent is not None and self.agent.available
 
     @property
     def reason(self) -> str:
+        if self.agent is None:
+            return "nixl agent starting"
         return self.agent.reason or ""
 
     def info(self) -> dict[str, Any]:
         if not self.available:
             return {"available": False, "reason": self.reason, "agent_name": "", "metadata": b"",
-                    "backend": self.agent.backend}
+                    "backend": self.backend}
         return {"available": True, "reason": "", "agent_name": self.agent.name,
                 "metadata": self.agent.metadata(), "backend": self.agent.backend}
 
@@ -162,4 +193,7 @@ class LeaseManager:
             self._leases.clear()
         for l in leases:
             self._end(l)
-        self.agent.close()
+        if self._maker is not None:  # an agent still being made is closed too, not left to exit
+            self._maker.join()
+        if self.agent is not None:
+            self.agent.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
+import time
 import traceback
 from concurrent.futures import Executor
 from typing import Any, Callable
@@ -34,6 +35,9 @@ from services.segcache.store import EntryInfo, SegcacheError, SegmentStore, chec
 log = structlog.get_logger("segcache.servicer")
 
 SERVICE_NAME = "hypic.v1.Segcache"
+# How long NixlInfo / OpenNixlLease wait at most for a NIXL agent still being made in the
+# background (LeaseManager.start_agent; about a second of CPU, longer on a loaded machine).
+AGENT_WAIT_S = 30.0
 
 
 def entry_pb(info: EntryInfo) -> segcache_pb.EntryInfo:
@@ -298,7 +302,24 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
                                 nixl_reason=self.leases.reason,
                                 leases_active=self.leases.active)
 
+    async def _wait_for_agent(self, context) -> None:
+        """An agent still being made (segcache serves before it exists): wait for it within the
+        call's deadline, else UNAVAILABLE, which the combine's probe retries."""
+        if not self.leases.starting:
+            return
+        remaining = context.time_remaining()
+        end = time.monotonic() + (AGENT_WAIT_S if remaining is None
+                                  else min(AGENT_WAIT_S, remaining - 0.25))
+        while self.leases.starting and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        if self.leases.starting:
+            raise Abort(grpc.StatusCode.UNAVAILABLE, "the NIXL agent is still starting; try again")
+
     async def NixlInfo(self, request: segcache_pb.NixlInfoRequest, context) -> segcache_pb.NixlInfoResponse:
+        try:
+            await self._wait_for_agent(context)
+        except Exception as e:
+            await self._fail(context, e)
         i = self.leases.info()
         return segcache_pb.NixlInfoResponse(available=i["available"], reason=i["reason"],
                                    agent_name=i["agent_name"], agent_metadata=i["metadata"],
@@ -307,6 +328,7 @@ class SegcacheServicer(segcache_grpc.SegcacheServicer):
     async def OpenNixlLease(self, request: segcache_pb.OpenNixlLeaseRequest, context) -> segcache_pb.OpenNixlLeaseResponse:
         try:
             key = self._key(request.key)
+            await self._wait_for_agent(context)
             if not self.leases.available:
                 raise Abort(grpc.StatusCode.FAILED_PRECONDITION,
                             f"NIXL unavailable on this server: {self.leases.reason}")

@@ -267,13 +267,22 @@ def test_listening_sockets_sees_a_loopback_listener():
         assert ("127.0.0.1", s.getsockname()[1]) in listening_sockets(os.getpid())
 
 
+async def nixl_ready(mesh: Mesh) -> bool:
+    """Whether segcache's NIXL agent (made in the background once it serves) is up."""
+    sc = segcache_as(mesh, "client")
+    try:
+        return (await sc.nixl_available())[0]
+    finally:
+        await sc.close()
+
+
 @pytest.mark.processes
 def test_nothing_listens_beyond_loopback(mesh):
     for name, svc in mesh.services.items():
         socks = listening_sockets(svc.pid)
         assert ("127.0.0.1", svc.port) in socks, name
         assert all(is_loopback(a) for a, _ in socks), (name, socks)
-    if mesh["segcache"].info.get("nixl"):  # NIXL's UCX listener is there, on loopback too
+    if asyncio.run(nixl_ready(mesh)):  # NIXL's UCX listener is there, on loopback too
         assert len(listening_sockets(mesh["segcache"].pid)) >= 2
         assert '"nixl_net_devices": "lo"' in mesh.log("segcache")
         assert '"nixl_net_devices": "lo"' in mesh.log("combine0")
