@@ -104,8 +104,11 @@ def test_a_same_gpu_reader_gets_a_device_lease_until_it_releases_it(served) -> N
     assert store.tier_of("k") == TIER_DEVICE
 
 
-def test_an_unreleased_device_lease_ends_at_its_ttl_and_pins_the_entry_until_then(served) -> None:
-    servicer, store = served
+def test_an_unreleased_device_lease_ends_at_its_ttl_and_pins_the_entry_until_then(tmp_path: Path) -> None:
+    # a TTL the 8 filler Puts below fit in on a loaded machine (0.5 s did not: about 1 s a Put)
+    ttl_s = 4.0
+    stand_in = stand_in_servicer(tmp_path, lease_ttl_s=ttl_s)
+    servicer, store = next(stand_in)
 
     async def run():
         server, target = await serve(servicer)
@@ -119,13 +122,16 @@ def test_an_unreleased_device_lease_ends_at_its_ttl_and_pins_the_entry_until_the
                     await sc.put(f"filler-{i}", blob(20 * KiB, 10 + i))
                 still = store.tier_of("k")
                 t0 = time.monotonic()
-                while store.leases_active and time.monotonic() - t0 < 5:
+                while store.leases_active and time.monotonic() - t0 < ttl_s + 5:
                     await asyncio.sleep(0.05)
                 return got.device.lease_id, pinned, still, store.leases_active, time.monotonic() - t0
         finally:
             await server.stop(None)
 
-    lease_id, pinned, still, after, waited = arun(run())
-    assert pinned == 1 and still == TIER_DEVICE
-    assert after == 0 and waited < 5
-    assert servicer.device_leases.release(lease_id) is False  # expired: unknown now
+    try:
+        lease_id, pinned, still, after, waited = arun(run())
+        assert pinned == 1 and still == TIER_DEVICE
+        assert after == 0 and waited < ttl_s + 5
+        assert servicer.device_leases.release(lease_id) is False  # expired: unknown now
+    finally:
+        stand_in.close()
