@@ -92,3 +92,24 @@ def test_serve_headline_has_no_ratio_against_a_fixed_baseline(fresh_seed) -> Non
         b = min(("full", "prefix"), key=lambda m: row[f"{m}_s"])
         assert row["best_baseline"] == b and abs(row["speedup_vs_best"] - row[f"{b}_s"] / row["hypic_s"]) < 1e-12
         assert "speedup_vs_full" not in row and "speedup_vs_prefix" not in row
+
+
+def test_serve_runs_the_baselines_alone(fresh_seed) -> None:
+    """bench.serve --modes full prefix: the two baselines side by side (issue 27), no hypic and so
+    no ratio; hypic alone with one baseline is refused."""
+    import pytest
+
+    from bench.serve import headline, parse_args
+
+    assert parse_args(["--modes", "prefix", "full"]).modes == ["full", "prefix"]
+    with pytest.raises(SystemExit):
+        parse_args(["--modes", "full", "hypic"])
+    serve = fake_serve(random.Random(fresh_seed))
+    for part in (serve["sweep"]["modes"], *(d["modes"] for d in serve["closed"].values())):
+        for mode in ("additive", "hypic"):
+            del part[mode]
+    serve.update(shape="rag")
+    serve["sweep"]["slo_s"] = 1.0
+    h = headline(serve, None)
+    assert set(h["qps_at_slo"]) == {"full", "prefix"} and "qps_hypic_lower_bound" not in h
+    assert h["vs_best_baseline"] == {"ttft_p50_per_shape": {}, "p90_by_rate": []}
