@@ -32,6 +32,17 @@ DROPPED = Counter("hypic_combine_entries_dropped", "Entries from segcache refuse
                   ["reason"])
 COMPOSITIONS = Counter("hypic_combine_compositions", "Prompt states composed from entries, by order",
                        ["order"])
+# The engine thread's share of a request, by mode (full, prefix, additive, hypic) and phase: prefill
+# (a baseline's whole prompt: full or prefix), compose (one composition pass or step, query
+# folded in or not), query (a query chunk after composition), decode_token, build (a local entry
+# build). Timed on the engine thread itself, so that waiting for it behind other requests is not
+# in it: that wait is hypic_combine_engine_wait_seconds{mode}. Side by side they say whether a
+# mode serves fewer requests because its engine calls cost more or because they queue.
+ENGINE_SECONDS = Histogram("hypic_combine_engine_seconds", "Time of one engine-thread call, queueing excluded",
+                           ["mode", "phase"], buckets=LATENCY_BUCKETS)
+ENGINE_WAIT_SECONDS = Histogram("hypic_combine_engine_wait_seconds",
+                                "Time a call waited for the engine thread (behind other requests' calls)",
+                                ["mode"], buckets=LATENCY_BUCKETS)
 REQUESTS = Counter("hypic_combine_requests", "Execute calls by mode and outcome", ["mode", "outcome"])
 TOKENS = Counter("hypic_combine_generated_tokens", "Tokens generated")
 IN_FLIGHT = Gauge("hypic_combine_in_flight", "Execute calls in progress")

@@ -102,6 +102,17 @@ class _SeamTimer:
         return getattr(self._engine, name)
 
 
+def _timed_call(call: Callable, mode: str, phase: str, submitted: float) -> Any:
+    """Engine thread: call(), observed as metrics.ENGINE_SECONDS{mode, phase} (its own time) and
+    ENGINE_WAIT_SECONDS{mode} (from its submission to its start: the queue)."""
+    start = time.perf_counter()
+    try:
+        return call()
+    finally:
+        m.ENGINE_WAIT_SECONDS.labels(mode).observe(start - submitted)
+        m.ENGINE_SECONDS.labels(mode, phase).observe(time.perf_counter() - start)
+
+
 def eos_token_ids(engine: Any, model_dir: Path) -> set[int]:
     found: set[int] = set()
     sources = [getattr(engine.config, "eos_token_id", None)]
@@ -134,10 +145,14 @@ class CombineServicer(ShadowRPC, combine_grpc.CombineServicer):  # + Shadow (ser
         self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="combine-engine")
         self.in_flight = 0
 
-    async def run(self, fn: Callable, *args: Any) -> Any:
-        """Run fn(*args) on the engine thread (one at a time, in arrival order)."""
+    async def run(self, fn: Callable, *args: Any, mode: str = "", phase: str = "") -> Any:
+        """Run fn(*args) on the engine thread (one at a time, in arrival order). Given a phase,
+        the call's own time and its wait for the thread are observed apart (_timed_call)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.engine_thread, functools.partial(fn, *args))
+        call = functools.partial(fn, *args)
+        if phase:
+            call = functools.partial(_timed_call, call, mode, phase, time.perf_counter())
+        return await loop.run_in_executor(self.engine_thread, call)
 
     async def close(self) -> None:
         await self.peers.close()
@@ -229,13 +244,15 @@ class CombineServicer(ShadowRPC, combine_grpc.CombineServicer):  # + Shadow (ser
             ex.ctx.deadline.left()
             if composed.logits is None:
                 t = time.perf_counter()
-                logits, state = await self.run(self._query, ex.query, composed.state)
+                logits, state = await self.run(self._query, ex.query, composed.state, mode=ex.mode,
+                                               phase="query")
                 self._query_timed(ex, t)
             else:  # folded into the last pass: its time is in compose_s, query_prefill_s stays 0
                 logits, state = composed.logits, composed.state
         else:
             t = time.perf_counter()
-            logits, state, ex.timings.recomputed = await self.run(self._baseline, ex.mode, ex.segs, ex.query)
+            logits, state, ex.timings.recomputed = await self.run(self._baseline, ex.mode, ex.segs, ex.query,
+                                                                       mode=ex.mode, phase="prefill")
             self._query_timed(ex, t)
             # What was recomputed is known now: the router reports it with the first token.
             yield combine_pb.CombineEvent(timings=ex.timings)
@@ -271,7 +288,8 @@ class CombineServicer(ShadowRPC, combine_grpc.CombineServicer):  # + Shadow (ser
                 break
             ex.ctx.deadline.left()
             t = time.perf_counter()
-            tok, greedy, state = await self.run(self._step, tok, state, pick, plan.shadow)
+            tok, greedy, state = await self.run(self._step, tok, state, pick, plan.shadow, mode=ex.mode,
+                                             phase="decode_token")
             m.STAGE_SECONDS.labels("decode_token").observe(time.perf_counter() - t)
             yield combine_pb.CombineEvent(token=router_pb.TokenEvent(
                 token_id=tok, index=index, argmax_id=greedy))
@@ -353,7 +371,8 @@ class CombineServicer(ShadowRPC, combine_grpc.CombineServicer):  # + Shadow (ser
             if nxt < lead:  # nxt == 0: the leading run, from the empty state
                 query = ex.query if lead == n else None
                 logits, state, compose_s = await self.run(self._compose_run, state,
-                                                          [ready.pop(j).entry for j in range(lead)], capacity, query)
+                                                          [ready.pop(j).entry for j in range(lead)], capacity, query,
+                                                          mode=ex.mode, phase="compose")
                 # Seams and bodies interleave layer by layer in this pass, so it is not split:
                 # all of it is compose_s, and it adds nothing to seams_s.
                 timings.compose_s += compose_s
@@ -375,12 +394,15 @@ class CombineServicer(ShadowRPC, combine_grpc.CombineServicer):  # + Shadow (ser
         query when given, inside compose_s; keys into the request's arena), or one segment-major
         step (its seam timed apart). (the query's logits or None, state)"""
         logits = None
+        mode = "additive" if additive else "hypic"  # the only modes that compose
         if in_runs:
-            logits, state, compose_s = await self.run(self._compose_run, state, entries, capacity, query)
+            logits, state, compose_s = await self.run(self._compose_run, state, entries, capacity, query,
+                                                      mode=mode, phase="compose")
             m.STAGE_SECONDS.labels("compose_run").observe(compose_s)
         else:
             (entry,) = entries
-            state, compose_s, seams_s = await self.run(self._compose_one, state, entry, additive)
+            state, compose_s, seams_s = await self.run(self._compose_one, state, entry, additive, mode=mode,
+                                                           phase="compose")
             timings.seams_s += seams_s
             m.STAGE_SECONDS.labels("compose").observe(compose_s)
             m.STAGE_SECONDS.labels("seams").observe(seams_s)

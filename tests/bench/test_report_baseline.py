@@ -53,3 +53,63 @@ def test_committed_results_name_full_recompute_where_it_served_more() -> None:
     assert v["qps_at_slo"]["ratio"] < sw["hypic"]["interpolated_qps"] / sw["prefix"]["interpolated_qps"]
     assert serve["headline"]["vs_best_baseline"] == json.loads(json.dumps(v))
     assert named(None) == "—"
+
+
+def _ratio_keys(x, path: str = "") -> list[str]:
+    """Every key under `x` that names a ratio, a speedup or an 'x over y'."""
+    found = []
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if any(w in str(k) for w in ("ratio", "speedup", "_over_", "_vs_")):
+                found.append(f"{path}/{k}")
+            found += _ratio_keys(v, f"{path}/{k}")
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            found += _ratio_keys(v, f"{path}[{i}]")
+    return found
+
+
+def test_serve_headline_has_no_ratio_against_a_fixed_baseline(fresh_seed) -> None:
+    """bench.serve's headline: hypic's ratios only inside vs_best_baseline (each naming its
+    baseline); the committed serve*.json and reuse.json the same."""
+    from bench.serve import headline
+
+    g = random.Random(fresh_seed)
+    for _ in range(20):
+        serve = fake_serve(g)
+        serve["shape"] = "rag"
+        for d in serve["sweep"]["modes"].values():
+            d["lower_bound"] = False
+        serve["sweep"]["slo_s"] = 1.0
+        h = headline(serve, None)
+        assert h["vs_best_baseline"] == vs_best(serve)
+        assert [k for k in _ratio_keys(h) if not k.startswith("/vs_best_baseline/")] == []
+        assert h["qps_at_slo"] == {m: d["interpolated_qps"] for m, d in serve["sweep"]["modes"].items()}
+    for path in sorted(RESULTS.glob("serve*.json")):
+        h = json.loads(path.read_text()).get("headline", {})  # serve_cache.json: none
+        assert [k for k in _ratio_keys(h) if not k.startswith(("/vs_best_baseline/", "/sim_", "/cold_"))] == [], path
+    for row in json.loads((RESULTS / "reuse.json").read_text())["rows"]:
+        b = min(("full", "prefix"), key=lambda m: row[f"{m}_s"])
+        assert row["best_baseline"] == b and abs(row["speedup_vs_best"] - row[f"{b}_s"] / row["hypic_s"]) < 1e-12
+        assert "speedup_vs_full" not in row and "speedup_vs_prefix" not in row
+
+
+def test_serve_runs_the_baselines_alone(fresh_seed) -> None:
+    """bench.serve --modes full prefix: the two baselines side by side (issue 27), no hypic and so
+    no ratio; hypic alone with one baseline is refused."""
+    import pytest
+
+    from bench.serve import headline, parse_args
+
+    assert parse_args(["--modes", "prefix", "full"]).modes == ["full", "prefix"]
+    with pytest.raises(SystemExit):
+        parse_args(["--modes", "full", "hypic"])
+    serve = fake_serve(random.Random(fresh_seed))
+    for part in (serve["sweep"]["modes"], *(d["modes"] for d in serve["closed"].values())):
+        for mode in ("additive", "hypic"):
+            del part[mode]
+    serve.update(shape="rag")
+    serve["sweep"]["slo_s"] = 1.0
+    h = headline(serve, None)
+    assert set(h["qps_at_slo"]) == {"full", "prefix"} and "qps_hypic_lower_bound" not in h
+    assert h["vs_best_baseline"] == {"ttft_p50_per_shape": {}, "p90_by_rate": []}

@@ -65,11 +65,13 @@ def test_combine_cold_then_warm_matches_in_process(mesh, engine):
 
 def test_combine_baseline_modes(mesh, engine):
     segs, query = prompt(4, (30, 21))
+    before, answers = engine_counts(mesh), {}
     for mode, name in ((router_pb.PREFILL_MODE_FULL, "full"), (router_pb.PREFILL_MODE_PREFIX, "prefix"),
                        (router_pb.PREFILL_MODE_ADDITIVE, "additive")):
         ref_logits, ref_tokens = reference(engine, segs, query, mode=name)
         ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SCATTER,
                                                           mode=mode)))
+        answers[name] = ans
         # full and prefix recompute on the combine worker: no segment events; what they
         # recomputed in a Timings before the first token (the router reports it with that token)
         baseline = name != "additive"
@@ -91,12 +93,33 @@ def test_combine_baseline_modes(mesh, engine):
                                                        mode=router_pb.PREFILL_MODE_PREFIX)))
     assert_matches(more, ref_logits, ref_tokens, 0, 2)
     assert more.timings[0].recomputed == 1  # only the segment past the cached prefix
+    # the engine thread's own time per mode and phase, and the wait for it apart (issue 27)
+    after = engine_counts(mesh)
+    calls = {key: n - before.get(key, 0.0) for key, n in after.items()}
+    assert calls[("full", "prefill")] == 1 and calls[("prefix", "prefill")] == 3, calls
+    assert calls[("full", "decode_token")] == len(answers["full"].token_ids) - 1, calls
+    assert calls[("additive", "compose")] >= 1 and calls[("additive", "query")] == 1, calls
     # sampling: the same tokens as engine.generate with the same seed, temperature and top_k
     out = engine.prefill_segments(segs, query, mode="hypic", seam=SEAM)
     want = engine.generate(out, max_new_tokens=N_TOKENS, temperature=0.8, top_k=20, seed=1234)
     ans = arun(execute(mesh.combine.target, make_plan(engine, mesh, segs, query, combine_pb.SOURCE_SEGCACHE,
                                                       temperature=0.8, top_k=20, seed=1234)))
     assert ans.token_ids == want
+
+
+def engine_counts(mesh) -> dict[tuple[str, str], float]:
+    """(mode, phase) -> calls observed by hypic_combine_engine_seconds; checks that every mode
+    seen there also has its engine-thread wait observed."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{mesh.combine.info['metrics_port']}/metrics",
+                                  timeout=10).read().decode()
+    counts = {}
+    for line in body.splitlines():
+        if line.startswith("hypic_combine_engine_seconds_count{"):
+            labels = dict(kv.split("=") for kv in line[line.index("{") + 1:line.index("}")].split(","))
+            counts[(labels["mode"].strip('"'), labels["phase"].strip('"'))] = float(line.split()[-1])
+    for mode in {mode for mode, _ in counts}:
+        assert f'hypic_combine_engine_wait_seconds_count{{mode="{mode}"}}' in body, mode
+    return counts
 
 
 # ---- composition order --------------------------------------------------------------------------
