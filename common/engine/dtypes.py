@@ -37,7 +37,7 @@ def dtype_name(dtype: Any) -> str:
 
 # Storage formats of an entry's linear part (common.engine.pic.compact); named here, beside the
 # dtypes, so that worker configs (common.mesh) check the name without loading the engine.
-ENTRY_FORMATS = ("fp32", "bf16", "fp8")
+ENTRY_FORMATS = ("fp32", "bf16", "fp8t", "fp8")
 # The format model workers (scatter, combine) store entries in unless configured otherwise
 # (WorkerConfig.entry_format, HybridEngine.for_worker). bf16 because it was measured lossless in
 # practice: on the bundled model's quality tasks no answer differs from fp32 entries'
