@@ -116,7 +116,7 @@ def test_unknown_or_inconsistent_format_is_a_clean_error(engine, fresh_seed):
         SegmentEntry.from_bytes(_resealed(data, b'"format":"bf16"', b'"format":"fp8" '))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8t", "fp8"])
 def test_reuse_with_compact_entries_stays_close_to_fp32_entries(engine, fmt, fresh_seed):
     segs = [_ids(engine, fresh_seed + i, n) for i, n in enumerate((12, 7, 15))]
     query = _ids(engine, fresh_seed + 9, 5)
@@ -125,7 +125,9 @@ def test_reuse_with_compact_entries_stays_close_to_fp32_entries(engine, fmt, fre
     ref = engine.prefill_segments(segs, query, entries=e32, seam=SEAM).logits.double().log_softmax(-1)
     got = engine.prefill_segments(segs, query, entries=compact, seam=SEAM).logits.double().log_softmax(-1)
     kl = (ref.exp() * (ref - got)).sum().item()
-    assert 0 <= kl < (1e-4 if fmt == "bf16" else 1e-2), kl
+    # fp8t at bf16's bound: on these models (Gated DeltaNet's decaying T; Mamba2's scalar T, which
+    # no format compacts) its fp8 T adds next to nothing to bf16's S (bench.entry_format_error)
+    assert 0 <= kl < {"bf16": 1e-4, "fp8t": 1e-4, "fp8": 1e-2}[fmt], kl
 
 
 def test_the_engine_builds_and_accepts_its_own_format(engine, fresh_seed):
