@@ -457,7 +457,7 @@ def main(argv=None) -> int:
     name, flags = ("quality_cut", "--cut") if args.cut else ("quality_formats", "--entry-formats " + " ".join(fmts)) \
         if fmts else ("quality", "")
     write_results(res, args.out, name, flags)
-    if fmts:
+    if fmts and args.out.resolve() == DEFAULT_OUT.resolve():  # the published results: the README's source
         write_model_readme(args.model, args.out)
     return 0
 
