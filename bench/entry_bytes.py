@@ -19,8 +19,10 @@ its attention part grows with the tokens. Columns:
     plain KV     a plain per-token KV cache of the same depth: every layer caching per-token keys and
                  values in the model's own attention-layer format (what a transformer of that shape holds)
     break-even   the body length above which an entry is smaller than the plain KV of its tokens
-    per format   (second table) the entry and its break-even with T (matrix form) and S stored in each
-                 of common.engine.pic.compact's formats: fp32, bf16, fp8 (+ one fp32 scale per head)
+    per format   (second table) the entry and its break-even with T (matrix form), S and attention K/V
+                 stored in each of common.engine.pic.compact's formats: fp32, bf16 (T, S), fp8t (T fp8
+                 + one fp32 scale per head, S bf16), fp8 (T, S fp8 + a scale per head; K/V fp8 + one
+                 fp32 scale per token and kv-head); the ratios are the fp32 entry over each format's
     low-rank     (third table, models with a K x K T) a whole entry of a short body, `--short` tokens
                  (16, 32, 64, 100), with T dense and as the builder stores it (its low-rank factors
                  where smaller: common.engine.pic.compact.lowrank_T_bytes, rank = the body's length),
@@ -40,7 +42,7 @@ from transformers import AutoConfig
 
 from common.engine.models import TEXT_SUBCONFIG, model_class
 from common.engine.models.base import ForwardContext
-from common.engine.pic.compact import ENTRY_FORMATS, lowrank_T_bytes, matrix_T_bytes
+from common.engine.pic.compact import ENTRY_FORMATS, kv_token_bytes, lowrank_T_bytes, matrix_T_bytes, tensor_bytes
 from kernels.linear_attn import summary_form
 
 # model -> (model_type, config fields that shape the cache). Expert counts and vocab trimmed (see above).
@@ -122,10 +124,9 @@ def build_meta_model(model_type: str, cfg_kwargs: dict):
 
 def linear_part_bytes(form: str, H: int, K: int, V: int, fmt: str) -> tuple[int, int]:
     """(T bytes, S bytes) of one linear layer's summary stored in `fmt` (common.engine.pic.compact:
-    scalar and vector T stay fp32; fp8 adds one fp32 scale per head to each compact tensor)."""
-    item, scale = {"fp32": (4, 0), "bf16": (2, 0), "fp8": (1, 4 * H)}[fmt]
-    T = {"scalar": 4 * H, "vector": 4 * H * K, "matrix": item * H * K * K + scale}[form]
-    return T, item * H * K * V + scale
+    scalar and vector T stay fp32; fp8 adds one fp32 scale per head to each fp8 tensor)."""
+    T = {"scalar": 4 * H, "vector": 4 * H * K}.get(form) or matrix_T_bytes(H, K, fmt)
+    return T, tensor_bytes(H, K * V, fmt, "S")
 
 
 @torch.inference_mode()
@@ -136,6 +137,7 @@ def layer_sizes(model, dtype_bytes: int) -> dict:
     out = dict(linear_per_segment=0, T_per_segment=0, attn_per_token=0, own_kv_per_token=0, n_linear=0, n_attn=0,
                matrix_T_heads=[])  # (H, K) of every layer with a K x K T
     out.update({f"linear_per_segment_{f}": 0 for f in ENTRY_FORMATS})
+    out.update({f"attn_per_token_{f}": 0 for f in ENTRY_FORMATS})  # K/V as each format stores them
     x = torch.empty(1, 1, model.embed_tokens.weight.shape[1], device="meta")
     for layer in model.layers:
         mixer = layer.mixer if layer.kind != "mlp" else None
@@ -159,6 +161,9 @@ def layer_sizes(model, dtype_bytes: int) -> dict:
             stored = dtype_bytes * (st.keys[0, :, 0].numel() + st.values[0, :, 0].numel())
             latent = getattr(mixer, "kv_lora_rank", None)
             out["attn_per_token"] += stored
+            for f in ENTRY_FORMATS:  # one scale per token and kv-head (MLA: heads of the stored K and V)
+                out[f"attn_per_token_{f}"] += sum(kv_token_bytes(t[0, :, 0].numel(), t.shape[1], f, dtype_bytes)
+                                                  for t in (st.keys, st.values))
             out["own_kv_per_token"] += dtype_bytes * (latent + mixer.rope) if latent else stored
             out["n_attn"] += 1
     return out
@@ -178,11 +183,12 @@ def entry_table(tokens: int = 1000, dtype_bytes: int = 2, names=None) -> list[di
             plain_kv=own_per_layer * (s["n_linear"] + s["n_attn"]) * tokens,
         ))
         # segment length above which an entry is smaller than the plain KV of its tokens (None: never)
-        gain_per_token = own_per_layer * (s["n_linear"] + s["n_attn"]) - s["attn_per_token"]
         for f in ENTRY_FORMATS:
-            lin = s[f"linear_per_segment_{f}"]
+            lin, attn = s[f"linear_per_segment_{f}"], s[f"attn_per_token_{f}"]
+            gain_per_token = own_per_layer * (s["n_linear"] + s["n_attn"]) - attn
             rows[-1][f"linear_per_segment_{f}"] = lin
-            rows[-1][f"entry_{f}"] = lin + s["attn_per_token"] * tokens
+            rows[-1][f"attn_kv_{f}"] = attn * tokens
+            rows[-1][f"entry_{f}"] = lin + attn * tokens
             rows[-1][f"break_even_tokens_{f}"] = -(-lin // gain_per_token) if gain_per_token > 0 else None
         rows[-1]["break_even_tokens"] = rows[-1]["break_even_tokens_fp32"]
     return rows
@@ -208,7 +214,7 @@ def lowrank_table(bodies=SHORT_BODIES, dtype_bytes: int = 2, names=None) -> list
             for f in ENTRY_FORMATS:
                 dense_T = sum(matrix_T_bytes(H, K, f) for H, K in s["matrix_T_heads"])
                 built_T = sum(min(matrix_T_bytes(H, K, f), lowrank_T_bytes(H, L, K, f)) for H, K in s["matrix_T_heads"])
-                dense = s[f"linear_per_segment_{f}"] + s["attn_per_token"] * L
+                dense = s[f"linear_per_segment_{f}"] + s[f"attn_per_token_{f}"] * L
                 row.update({f"dense_{f}": dense, f"lowrank_{f}": dense - dense_T + built_T,
                             f"T_dense_{f}": dense_T, f"T_lowrank_{f}": built_T})
             rows.append(row)
@@ -230,14 +236,15 @@ def print_lowrank_table(rows: list[dict]) -> None:
 def print_format_table(rows: list[dict], tokens: int) -> None:
     """Entry MiB, entry/plain and break-even tokens per storage format of T and S."""
     mib = 2**20
-    print(f"\nMiB per {tokens} cached tokens per entry format (T matrix form and S; scalar/vector T stay fp32)")
+    compact = [f for f in ENTRY_FORMATS if f != "fp32"]
+    print(f"\nMiB per {tokens} cached tokens per entry format (T matrix form, S, fp8: K/V; scalar/vector T stay fp32)")
     print(f"{'model':32s} " + " ".join(f"{'entry ' + f:>11s} {'/plain':>6s} {'b-even':>6s}" for f in ENTRY_FORMATS)
-          + f" {'fp32/bf16':>9s} {'fp32/fp8':>8s}")
+          + " " + " ".join(f"{'fp32/' + f:>9s}" for f in compact))
     for r in rows:
         cells = [f"{r['entry_' + f] / mib:11.2f} {r['entry_' + f] / r['plain_kv']:6.3f} "
                  f"{r['break_even_tokens_' + f] or 'never':>6}" for f in ENTRY_FORMATS]
         print(f"{r['model']:32s} " + " ".join(cells)
-              + f" {r['entry_fp32'] / r['entry_bf16']:9.2f} {r['entry_fp32'] / r['entry_fp8']:8.2f}")
+              + " " + " ".join(f"{r['entry_fp32'] / r['entry_' + f]:9.2f}" for f in compact))
 
 
 def main():

@@ -1,4 +1,4 @@
-"""What each entry storage format (common.engine.pic.compact: fp32, bf16, fp8) costs in accuracy.
+"""What each entry storage format (common.engine.pic.compact: fp32, bf16, fp8t, fp8) costs in accuracy.
 
     python -m bench.entry_format_error [--out bench/results/entry_format_error.json] [--models a,b]
 
@@ -10,6 +10,9 @@
 2. Next-token distribution, every architecture's tiny random model (tests.support.tiny): three
    segments and a query, prefilled with hypic reuse of entries stored in each format; KL(full || hypic)
    in nats at the query's last token against full recompute, and KL(hypic fp32 entries || format).
+   Beside the formats, "fp8_kv_model": fp8 T and S with the keys and values left in the model dtype
+   (what fp8 entries held before their K/V were stored in e4m3): what the K/V compression costs on
+   top of fp8's T and S.
 3. The same on the mid-size random model (bench.random_model, --random-model; '' to skip): longer
    segments (MID_LENGTHS) on a model of a realistic shape, whose states are larger.
 
@@ -29,7 +32,7 @@ import torch.nn.functional as F
 from bench.random_model import describe, parse_spec, save_random_model
 from common.engine.hybrid_engine import HybridEngine
 from common.engine.pic.compact import ENTRY_FORMATS, round_trip
-from common.engine.pic.entry import SegmentEntry
+from common.engine.pic.entry import AttentionBody, SegmentEntry
 from kernels.linear_attn import Summary, prefill_with_summary, segment_summary
 from kernels.linear_attn.families import DELTA_FAMILIES, FAMILIES, FAMILY_GATE
 from kernels.linear_attn.summary import compose_chain
@@ -82,7 +85,7 @@ def composition_error(family: str, seed: int) -> dict:
     fp32_out = compose_chain(sums32, S_in.float())
     out = {"form": sums32[0].form}
     for fmt in ENTRY_FORMATS:
-        stored = [Summary(round_trip(s.T, fmt) if s.form == "matrix" else s.T, round_trip(s.S, fmt), s.form)
+        stored = [Summary(round_trip(s.T, fmt, "T") if s.form == "matrix" else s.T, round_trip(s.S, fmt, "S"), s.form)
                   for s in sums32]
         got = compose_chain(stored, S_in.float())
         out[fmt] = dict(vs_fp32_entries=rel(got, fp32_out), vs_fp64=rel(got, ref))
@@ -112,13 +115,25 @@ def model_kl(path: Path, seed: int, lengths=TINY_LENGTHS, query_len: int = TINY_
     full = eng.prefill_segments(segs, query, mode="full").logits
     e32 = [eng.build_entry(s, 8) for s in segs]
     out, fp32_logits = {}, None
-    for fmt in ENTRY_FORMATS:
-        entries = [SegmentEntry.from_bytes(e.with_format(fmt).to_bytes()) for e in e32]
+    for fmt in (*ENTRY_FORMATS, KV_MODEL):
+        entries = [SegmentEntry.from_bytes(e.with_format(fmt).to_bytes()) for e in e32] if fmt != KV_MODEL \
+            else [_fp8_kv_model(e) for e in e32]
         logits = eng.prefill_segments(segs, query, entries=entries, seam=8).logits
         fp32_logits = logits if fmt == "fp32" else fp32_logits
         out[fmt] = dict(kl_vs_full=_kl(full, logits), kl_vs_fp32_entries=_kl(fp32_logits, logits),
-                        entry_bytes=sum(len(e.with_format(fmt).to_bytes()) for e in e32))
+                        entry_bytes=sum(len(e.to_bytes()) for e in entries) if fmt != KV_MODEL else None)
     return out
+
+
+KV_MODEL = "fp8_kv_model"  # fp8 T and S, keys and values as built (an fp8 entry before version 5)
+
+
+def _fp8_kv_model(e32: SegmentEntry) -> SegmentEntry:
+    """e32 with fp8 T and S as a reader sees them and its keys and values as they are (in memory:
+    this code writes such entries no more, it only reads them)."""
+    e8 = e32.with_format("fp8")
+    layers = [raw if isinstance(raw, AttentionBody) else b for b, raw in zip(e8.layers, e32.layers)]
+    return SegmentEntry(e8.token_ids, e8.seam, e8.model_fingerprint, e8.dtype, layers, "fp8")
 
 
 def main():
@@ -174,7 +189,7 @@ def mid_size_kl(spec: str, seed: int, tmp: Path) -> dict:
 
 def _print_kl(name: str, r: dict) -> None:
     print(f"{name:18s} " + " ".join(f"{fmt}: {r[fmt]['kl_vs_full']:.1e}/{r[fmt]['kl_vs_fp32_entries']:.1e}"
-                                    for fmt in ENTRY_FORMATS))
+                                    for fmt in (*ENTRY_FORMATS, KV_MODEL)))
 
 
 if __name__ == "__main__":

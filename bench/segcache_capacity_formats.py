@@ -4,9 +4,10 @@
 
 The RAG trace of bench/segcache_capacity.py is replayed against one cache of a fixed byte budget
 (a fraction of the corpus's bytes in fp32 entries: the same bytes for every format), evicting with
-segcache's GDSF (SimTier); a miss is rebuilt. Each document's entry is stored in fp32, bf16 or fp8
-(common/engine/pic/compact.py). An entry's bytes are affine in its tokens: a constant linear part
-(T, S, conv tail: what the format shrinks) plus keys and values per attention-layer token.
+segcache's GDSF (SimTier); a miss is rebuilt. Each document's entry is stored in fp32, bf16, fp8t or
+fp8 (common/engine/pic/compact.py). An entry's bytes are affine in its tokens: a constant linear part
+(T, S, conv tail: what the format shrinks) plus keys and values per attention-layer token (which
+the fp8 format shrinks too).
 
 Two entry models:
   bundled   the bundled model's real entries (models/hypic-tiny-qwen35, or --model): built here at
@@ -93,10 +94,10 @@ def arch_entries(name: str = ARCH) -> dict:
     from bench.entry_bytes import entry_table
 
     [row] = entry_table(tokens=1000, dtype_bytes=2, names=[name])
-    per_token = row["attn_kv"] / 1000
     out = {"source": f"bench.entry_bytes: {name} (config, bf16 KV)", "build_s_per_token": None}
-    for f in ENTRY_FORMATS:
-        out[f] = {"linear": row[f"linear_per_segment_{f}"], "per_token": per_token, "parse_s_per_byte": None}
+    for f in ENTRY_FORMATS:  # K/V per token as the format stores them (fp8: e4m3 + a scale per token and head)
+        out[f] = {"linear": row[f"linear_per_segment_{f}"], "per_token": row[f"attn_kv_{f}"] / 1000,
+                  "parse_s_per_byte": None}
     return out
 
 

@@ -14,7 +14,8 @@ the answer has; a prompt counts when every decoded token is right.
                 written before the rename, which bench.results_json reads as "additive")
     hypic_w{w}  Hypic with a seam window of w tokens, w in 0, 2, 4, 8, 16
 
-With --entry-formats fp32 bf16 fp8 (written to quality_formats.json / quality_formats.md): full
+With --entry-formats fp32 bf16 fp8t fp8 (written to quality_formats.json / quality_formats.md, then the
+model's README re-rendered by bench.quality.readme, whose formats section reads them): full
 recompute and hypic w=8 with its entries stored in each format, through the mesh's path, paired
 prompt by prompt with fp32 entries (bench.quality.formats).
 
@@ -53,6 +54,7 @@ import argparse
 import json
 import math
 import multiprocessing as mp
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -455,7 +457,18 @@ def main(argv=None) -> int:
     name, flags = ("quality_cut", "--cut") if args.cut else ("quality_formats", "--entry-formats " + " ".join(fmts)) \
         if fmts else ("quality", "")
     write_results(res, args.out, name, flags)
+    if fmts and args.out.resolve() == DEFAULT_OUT.resolve():  # the published results: the README's source
+        write_model_readme(args.model, args.out)
     return 0
+
+
+def write_model_readme(model: Path, out: Path) -> None:
+    """Re-render the model's README (its "Entry storage formats" section reads quality_formats.json)
+    so that one --entry-formats run regenerates everything it feeds. A subprocess, not an import:
+    bench.quality.readme imports this module."""
+    if (model / "training_log.json").exists():  # a bundled, trained model: the one with a README
+        subprocess.run([sys.executable, "-m", "bench.quality.readme", "--model", str(model), "--results", str(out)],
+                       check=True, cwd=ROOT)
 
 
 def write_results(res: dict, out: Path, name: str, flags: str) -> None:

@@ -1,11 +1,11 @@
 """Entry storage formats in the quality evaluation (issue 28 item 3): the same prompts, the same
-weights, hypic's entries stored in fp32, bf16 or fp8 (common.engine.pic.compact), paired.
+weights, hypic's entries stored in fp32, bf16, fp8t or fp8 (common.engine.pic.compact), paired.
 
-    python -m bench.quality.eval --entry-formats fp32 bf16 fp8 [--n 500]   # quality_formats.{json,md}
+    python -m bench.quality.eval --entry-formats fp32 bf16 fp8t fp8 [--n 500]   # quality_formats.{json,md}, model README
 
 Mode `hypic_w8@bf16` takes the path the mesh takes with `entry_format: bf16` in its worker config: a
-HybridEngine whose `entry_format` is the format builds each segment's entry (`build_entry`: T and S
-rounded as the entry's bytes hold them), the entry goes through its bytes (what segcache stores and
+HybridEngine whose `entry_format` is the format builds each segment's entry (`build_entry`: T and S,
+and with fp8 keys and values, rounded as the entry's bytes hold them), the entry goes through its bytes (what segcache stores and
 a combine reads) and the combine's check (`check_entry`: an entry in another format is refused),
 and `prefill_segments` composes the parsed entries. `hypic_w8@fp32` is the same path at fp32 (the
 same numbers as eval's `hypic_w8`).

@@ -37,13 +37,16 @@ def dtype_name(dtype: Any) -> str:
 
 # Storage formats of an entry's linear part (common.engine.pic.compact); named here, beside the
 # dtypes, so that worker configs (common.mesh) check the name without loading the engine.
-ENTRY_FORMATS = ("fp32", "bf16", "fp8")
+ENTRY_FORMATS = ("fp32", "bf16", "fp8t", "fp8")
 # The format model workers (scatter, combine) store entries in unless configured otherwise
 # (WorkerConfig.entry_format, HybridEngine.for_worker). bf16 because it was measured lossless in
 # practice: on the bundled model's quality tasks no answer differs from fp32 entries'
 # (bench/quality/results/quality_formats.json) and the next-token KL it adds is <= 1e-5 nats on
 # every tiny architecture and the mid-size random model (bench/results/entry_format_error.json),
-# for half the bytes of T and S. A library HybridEngine keeps exact fp32 entries
+# for half the bytes of T and S. Not fp8t (T in fp8, S bf16; Qwen3.5/Qwen3-Next break even at
+# 793 tokens instead of 1,048): every task scores the same, but on the bundled model its KL against
+# fp32 entries is fp8's order, 6e-6 to 1.1e-2 nats per task against bf16's 3e-8 to 4.5e-5.
+# A library HybridEngine keeps exact fp32 entries
 # (common.engine.pic.compact.DEFAULT_ENTRY_FORMAT: the format an entry is built and composed in).
 WORKER_ENTRY_FORMAT = "bf16"
 

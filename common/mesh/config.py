@@ -237,7 +237,8 @@ class WorkerConfig(ServiceConfig):
     threads: int = dataclasses.field(default=0, metadata=field_help("torch intra-op threads; 0 = torch's default"))
     entry_key_file: Optional[Path] = dataclasses.field(default=None, metadata=field_help(ENTRY_KEY_HELP))
     entry_format: str = dataclasses.field(default=WORKER_ENTRY_FORMAT, metadata=field_help(
-        "storage of entries' T and S: " + " | ".join(ENTRY_FORMATS) + " (every worker of a mesh the same; a combine "
+        "storage of entries' T and S (fp8t: T fp8, S bf16; fp8: attention K/V too, common/engine/pic/compact.py): "
+        + " | ".join(ENTRY_FORMATS) + " (every worker of a mesh the same; a combine "
         "rounds an fp32 entry to its format and rebuilds an entry of another compact format itself)"))
 
     def check_worker(self) -> None:

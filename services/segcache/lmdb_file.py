@@ -37,7 +37,7 @@ assert HEADER.size == HEADER_BYTES
 # entry's header at start); readers that predate it skip it, and the record digest covers it.
 META = struct.Struct("<BBBxIQd16s")
 META_PINNED = 1
-FORMAT_CODES = {"fp32": 1, "bf16": 2, "fp8": 3, "other": 255}  # a new format needs a new code here
+FORMAT_CODES = {"fp32": 1, "bf16": 2, "fp8": 3, "fp8t": 4, "other": 255}  # a new format needs a new code here
 FORMAT_OF_CODE = {c: f for f, c in FORMAT_CODES.items()}
 META_VERSION = 2  # format 1 records (no checksum) are still read
 META_DIGEST_BYTES = 8

@@ -22,7 +22,8 @@ def test_counted_bytes_equal_a_real_entry(model_type, tmp_path, fresh_seed):
     assert s["n_linear"] + s["n_attn"] == sum(b is not None for b in entry.layers)
     assert s["linear_per_segment"] + s["attn_per_token"] * entry.body_len == entry.nbytes()
     for fmt in ENTRY_FORMATS:  # the per-format columns: what entries stored in that format hold
-        assert s[f"linear_per_segment_{fmt}"] + s["attn_per_token"] * entry.body_len == entry.with_format(fmt).nbytes()
+        assert s[f"linear_per_segment_{fmt}"] + s[f"attn_per_token_{fmt}"] * entry.body_len \
+            == entry.with_format(fmt).nbytes()
 
 
 def test_table_covers_the_published_configs():
@@ -38,7 +39,13 @@ def test_table_covers_the_published_configs():
     assert qn["linear_per_segment_bf16"] == 36 * (2 * 32 * 128 * 128 * 2 + 3 * 8192 * 2)
     assert qn["linear_per_segment_fp8"] == 36 * (2 * (32 * 128 * 128 + 4 * 32) + 3 * 8192 * 2)
     assert mm["linear_per_segment_fp8"] == 70 * (64 * 4 + 64 * 128 * 128 + 4 * 64)  # scalar T stays fp32
-    assert qn["break_even_tokens_bf16"] < qn["break_even_tokens_fp32"]
+    # fp8t: T fp8 with a scale per head, S bf16; K/V stay bf16
+    assert qn["linear_per_segment_fp8t"] == 36 * (32 * 128 * 128 + 4 * 32 + 32 * 128 * 128 * 2 + 3 * 8192 * 2)
+    assert qn["attn_kv_fp8t"] == qn["attn_kv"]
+    # fp8: K/V in e4m3 too, one fp32 scale per token and kv-head
+    assert qn["attn_kv_fp8"] == 12 * 1000 * 2 * 2 * (256 + 4)
+    assert qn["break_even_tokens_fp8"] < qn["break_even_tokens_fp8t"] < qn["break_even_tokens_bf16"] \
+        < qn["break_even_tokens_fp32"]
     assert set(REAL_CONFIGS) >= set(rows)
 
 
@@ -54,7 +61,7 @@ def test_lowrank_columns_count_a_real_short_entry(model_type, tmp_path, fresh_se
     entry = eng.build_entry([(5 * i + fresh_seed) % eng.vocab_size for i in range(8 + body)], seam=8)
     assert entry.lowrank_layers and entry.body_len == body
     for fmt in ENTRY_FORMATS:
-        built = s[f"linear_per_segment_{fmt}"] + s["attn_per_token"] * body + sum(
+        built = s[f"linear_per_segment_{fmt}"] + s[f"attn_per_token_{fmt}"] * body + sum(
             lowrank_T_bytes(H, body, K, fmt) - matrix_T_bytes(H, K, fmt) for H, K in s["matrix_T_heads"])
         assert built == entry.with_format(fmt).nbytes()
 

@@ -45,8 +45,8 @@ def test_fp8_entries_of_the_bundled_model_stay_finite(engine):
     from bench.quality import eval as E
 
     segments, query, answer = E.prompt_ids(engine, "update", 1)
-    res = E.run_prompt(engine, segments, query, answer, ("full", "hypic_w8@fp32", "hypic_w8@fp8"))
-    assert res["hypic_w8@fp8"]["kl_ref"] >= 0.0  # NaN compares false
+    res = E.run_prompt(engine, segments, query, answer, ("full", "hypic_w8@fp32", "hypic_w8@fp8t", "hypic_w8@fp8"))
+    assert res["hypic_w8@fp8"]["kl_ref"] >= 0.0 and res["hypic_w8@fp8t"]["kl_ref"] >= 0.0  # NaN compares false
 
 
 def test_fp8_scale_of_a_head_decayed_to_denormals_is_defined():

@@ -65,7 +65,7 @@ def test_format_study_replay_agrees_with_the_capacity_replay(fresh_seed):
 def test_bundled_entry_sizes_are_affine_in_tokens_per_format(tmp_path):
     """The formats study's entry model (linear part + bytes per token, fitted on two lengths of
     real entries) predicts the bytes of a real entry of a third length, in every format; compact
-    formats shrink only the linear part."""
+    formats shrink the linear part, and only fp8 the keys and values too."""
     from bench.segcache_capacity_formats import SEAM, bundled_entries, entry_size
     from common.engine.dtypes import ENTRY_FORMATS
     from common.engine.hybrid_engine import HybridEngine
@@ -78,6 +78,10 @@ def test_bundled_entry_sizes_are_affine_in_tokens_per_format(tmp_path):
     for f in ENTRY_FORMATS:
         real = len(entry.with_format(f).to_bytes())
         assert abs(entry_size(fitted, f, 60) - real) <= 0.01 * real, (f, entry_size(fitted, f, 60), real)
-        assert abs(fitted[f]["per_token"] - fitted["fp32"]["per_token"]) < 1
-    assert fitted["fp8"]["linear"] < fitted["bf16"]["linear"] < fitted["fp32"]["linear"]
+        if f != "fp8":
+            assert abs(fitted[f]["per_token"] - fitted["fp32"]["per_token"]) < 1
+    # fp32 keys and values (4 bytes) -> e4m3 (1 byte) + a 4-byte scale per token and kv-head (a
+    # quarter, plus the scales, which weigh more with the tiny model's short heads than with 128-wide ones)
+    assert 0.25 * fitted["fp32"]["per_token"] < fitted["fp8"]["per_token"] < 0.35 * fitted["fp32"]["per_token"]
+    assert fitted["fp8"]["linear"] < fitted["fp8t"]["linear"] < fitted["bf16"]["linear"] < fitted["fp32"]["linear"]
     assert all(fitted[f]["parse_s_per_byte"] > 0 for f in ENTRY_FORMATS)  # (build time: too noisy to test)

@@ -7,7 +7,7 @@ SegmentEntry.from_bytes (the reference) views a host buffer; this views a device
 entry's JSON header, the payload's safetensors header and the seal trailer (a few KiB at most)
 are copied to the host to be read; every tensor is a slice of `buf` viewed in its dtype (copied
 on the device only when misaligned), then decoded on the device (compact.decode) as from_bytes
-does on the host. The two agree byte for byte (tests/engine/pic/test_device_entry.py, on random
+does on the host (fp8 keys and values widened to the model dtype there too). The two agree byte for byte (tests/engine/pic/test_device_entry.py, on random
 entries of every format, with a CPU tensor standing in for the device buffer).
 
 What is checked: the seal trailer is present, the header names the segment `key` addresses, the
@@ -26,8 +26,7 @@ import struct
 import torch
 
 from common.engine.checksum import DIGEST_BYTES
-from common.engine.pic.entry import (FORMAT_VERSION, FP32_VERSION, LOWRANK_VERSION, MAGIC, ST_DTYPES, EntryError,
-                                     SegmentEntry, _layer, header_format)
+from common.engine.pic.entry import DIGEST_VERSIONS, MAGIC, ST_DTYPES, EntryError, SegmentEntry, _layer, header_format
 from common.engine.pic.seal import SEAL_MAGIC, TRAILER_BYTES, V1_MAGIC, V1_TAG_BYTES, V1_TRAILER_BYTES, \
     ForgedEntry, header_of, identity_key
 
@@ -107,14 +106,15 @@ def entry_from_device(buf: torch.Tensor, key: str) -> SegmentEntry:
     header = header_of(head)
     if identity_key(header) != key:
         raise ForgedEntry("entry header names another segment than its key")
-    version, fmt, lowrank = header_format(header)
-    if version not in (FORMAT_VERSION, FP32_VERSION, LOWRANK_VERSION):
+    version, fmt, lowrank, kv = header_format(header)
+    if version not in DIGEST_VERSIONS:
         raise EntryError(f"entry format version {version}: read on the host")
     if entry.numel() < 8 + n + DIGEST_BYTES:
         raise EntryError("truncated entry")
     tensors = view_device_safetensors(entry[8 + n:entry.numel() - DIGEST_BYTES])
     try:
-        layers = [_layer(tensors, i, kind, buf.device, fmt, i in lowrank) for i, kind in enumerate(header["layers"])]
+        layers = [_layer(tensors, i, kind, buf.device, fmt, i in lowrank, kv, header["dtype"])
+                  for i, kind in enumerate(header["layers"])]
         return SegmentEntry(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers, fmt)
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         raise EntryError(f"malformed entry header: {e!r}") from None

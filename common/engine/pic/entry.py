@@ -12,9 +12,11 @@ kept per layer:
 - full-attention layer: the body's keys and values at their cache-time positions (seam ..
   n_tokens-1); reuse rotates them to their real positions.
 
-The linear part is stored in the entry's format (common.engine.pic.compact: fp32, bf16 or fp8 with
-per-head scales), named in the header and widened back to fp32 on parse; an entry's in-memory
-tensors are always what a reader of its bytes sees (`with_format` rounds them). A delta-family T
+The linear part is stored in the entry's format (common.engine.pic.compact: fp32, bf16, fp8t or fp8
+with per-head scales), named in the header and widened back to fp32 on parse; fp8 also stores the
+attention keys and values in e4m3 with a scale per token and kv-head (header version 5, "kv":
+"fp8"), widened back to the model dtype on parse. An entry's in-memory tensors are always what a
+reader of its bytes sees (`with_format` rounds them). A delta-family T
 of a span shorter than about half the key dimension is kept as its low-rank factors
 (kernels.linear_attn.lowrank.LowRankT: T = diag(gamma) - P^T Q, gamma fp32, P and Q in the entry's
 format), and the header's "lowrank" lists the layers that hold it (version 4); the layer kinds
@@ -40,8 +42,9 @@ import torch
 from safetensors.torch import save as st_save
 
 from common.engine.checksum import DIGEST_BYTES, checksum
-from common.engine.dtypes import dtype_name
-from common.engine.pic.compact import DEFAULT_ENTRY_FORMAT, ENTRY_FORMATS, FP8, check_format, decode, encode, round_trip
+from common.engine.dtypes import dtype_name, torch_dtype
+from common.engine.pic.compact import (DEFAULT_ENTRY_FORMAT, ENTRY_FORMATS, FP8, KV_ENCODINGS, check_format, decode,
+                                       decode_kv, encode, encode_kv, role_encoding, round_trip, round_trip_kv)
 from common.engine.fingerprint import segment_key  # noqa: F401  (re-exported: the one definition)
 from kernels.linear_attn import Summary, summary_form
 from kernels.linear_attn.lowrank import LowRankT
@@ -55,7 +58,12 @@ FP32_VERSION = 2
 # Only entries with a low-rank layer are written as 4: every other entry is byte for byte what
 # readers before it expect, and a reader before it refuses a version-4 entry cleanly (rebuilt).
 LOWRANK_VERSION = 4
-READ_VERSIONS = (1, FP32_VERSION, FORMAT_VERSION, LOWRANK_VERSION)
+# 5: "kv" in the header: attention keys and values stored compact ("fp8", the fp8 format's). Only
+# entries with an attention layer in such a format are written as 5 (an fp8 entry before it kept
+# K/V in the model dtype and still reads so); readers before it refuse it cleanly (rebuilt).
+KV_VERSION = 5
+READ_VERSIONS = (1, FP32_VERSION, FORMAT_VERSION, LOWRANK_VERSION, KV_VERSION)
+DIGEST_VERSIONS = (FP32_VERSION, FORMAT_VERSION, LOWRANK_VERSION, KV_VERSION)  # trailing digest, 8-aligned
 PAYLOAD_ALIGN = 8
 
 
@@ -114,19 +122,29 @@ class SegmentEntry:
     format: str = DEFAULT_ENTRY_FORMAT  # storage format of the linear part (common.engine.pic.compact)
 
     def with_format(self, fmt: str) -> "SegmentEntry":
-        """This entry stored in format `fmt`: T (matrix form) and S rounded as its bytes will hold
-        them, so the builder composes with exactly what every reader of the entry sees."""
+        """This entry stored in format `fmt`: T (matrix form), S and (fp8) keys and values rounded
+        as its bytes will hold them, so the builder composes with exactly what every reader sees."""
         check_format(fmt)
         if fmt == self.format:
             return self
         if self.format != "fp32":
             raise EntryError(f"an entry in {self.format} cannot be restored to {fmt}")
+        kv = role_encoding(fmt, "kv")
         layers = [
-            LinearBody(T=_rounded_T(b, fmt), form=b.form, S=round_trip(b.S, fmt),
-                       conv_tail=b.conv_tail, warmup_inputs=b.warmup_inputs) if isinstance(b, LinearBody) else b
+            LinearBody(T=_rounded_T(b, fmt), form=b.form, S=round_trip(b.S, fmt, "S"),
+                       conv_tail=b.conv_tail, warmup_inputs=b.warmup_inputs) if isinstance(b, LinearBody)
+            else AttentionBody(round_trip_kv(b.keys, kv), round_trip_kv(b.values, kv)) if isinstance(b, AttentionBody)
+            else b
             for b in self.layers
         ]
         return SegmentEntry(self.token_ids, self.seam, self.model_fingerprint, self.dtype, layers, fmt)
+
+    @property
+    def kv_encoding(self) -> str:
+        """How this entry's bytes store attention keys and values (the header's "kv"): "model" when
+        it has no attention layer or its format keeps them in the model dtype."""
+        has_attention = any(isinstance(b, AttentionBody) for b in self.layers)
+        return role_encoding(self.format, "kv") if has_attention else "model"
 
     @property
     def lowrank_layers(self) -> list[int]:
@@ -187,18 +205,19 @@ class SegmentEntry:
         for i, body in enumerate(self.layers):
             if isinstance(body, LinearBody) and isinstance(body.T, LowRankT):
                 out[f"{i}.T.gamma"] = body.T.gamma  # K numbers a head: fp32 in every format
-                out.update(encode(f"{i}.T.P", body.T.P, self.format, compact=True))
-                out.update(encode(f"{i}.T.Q", body.T.Q, self.format, compact=True))
+                out.update(encode(f"{i}.T.P", body.T.P, self.format, "T"))
+                out.update(encode(f"{i}.T.Q", body.T.Q, self.format, "T"))
             elif isinstance(body, LinearBody):
-                out.update(encode(f"{i}.T", body.T, self.format, compact=body.form == "matrix"))
+                out.update(encode(f"{i}.T", body.T, self.format, "T" if body.form == "matrix" else None))
             if isinstance(body, LinearBody):
-                out.update(encode(f"{i}.S", body.S, self.format, compact=True))
+                out.update(encode(f"{i}.S", body.S, self.format, "S"))
                 if body.conv_tail is not None:
                     out[f"{i}.conv"] = body.conv_tail
                 if body.warmup_inputs is not None:
                     out[f"{i}.warm"] = body.warmup_inputs
             elif isinstance(body, AttentionBody):
-                out[f"{i}.k"], out[f"{i}.v"] = body.keys, body.values
+                out.update(encode_kv(f"{i}.k", body.keys, self.kv_encoding))
+                out.update(encode_kv(f"{i}.v", body.values, self.kv_encoding))
         return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
     def to_bytes(self) -> bytes:
@@ -215,6 +234,8 @@ class SegmentEntry:
             header["format"] = self.format
         if self.lowrank_layers:
             header.update(version=LOWRANK_VERSION, format=self.format, lowrank=self.lowrank_layers)
+        if self.kv_encoding != "model":
+            header.update(version=KV_VERSION, format=self.format, lowrank=self.lowrank_layers, kv=self.kv_encoding)
         hb = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         # trailing spaces (valid JSON) so the payload, and with it every tensor, starts 8-aligned
         hb += b" " * (-(8 + len(hb)) % PAYLOAD_ALIGN)
@@ -241,8 +262,8 @@ class SegmentEntry:
             header = json.loads(bytes(mv[8 : 8 + n]))
         except ValueError as e:
             raise EntryError(f"corrupted entry header: {e}") from None
-        version, fmt, lowrank = header_format(header)
-        if version in (FORMAT_VERSION, FP32_VERSION, LOWRANK_VERSION):
+        version, fmt, lowrank, kv = header_format(header)
+        if version in DIGEST_VERSIONS:
             if len(mv) < 8 + n + DIGEST_BYTES:
                 raise EntryError("truncated entry")
             if not sealed and checksum(mv[:-DIGEST_BYTES]) != bytes(mv[-DIGEST_BYTES:]):
@@ -256,7 +277,8 @@ class SegmentEntry:
             raise EntryError(f"entry format version {version} (expected one of {READ_VERSIONS})")
         tensors = _view_safetensors(payload)
         try:
-            layers = [_layer(tensors, i, kind, device, fmt, i in lowrank) for i, kind in enumerate(header["layers"])]
+            layers = [_layer(tensors, i, kind, device, fmt, i in lowrank, kv, header["dtype"])
+                      for i, kind in enumerate(header["layers"])]
             if any(not (0 <= i < len(layers) and getattr(layers[i], "form", None) == "matrix") for i in lowrank):
                 raise ValueError(f"lowrank layers {lowrank} are not all matrix-T linear layers")
             return cls(header["token_ids"], header["seam"], header["fingerprint"], header["dtype"], layers, fmt)
@@ -264,34 +286,38 @@ class SegmentEntry:
             raise EntryError(f"malformed entry header: {e!r}") from None
 
 
-def header_format(header) -> tuple[object, str, list[int]]:
-    """(version, storage format, low-rank layers) an entry's parsed header JSON names (format fp32
-    and no low-rank layers before version 3 and 4); EntryError for an unknown format or a malformed
-    "lowrank". The version itself is the caller's to accept or refuse."""
+def header_format(header) -> tuple[object, str, list[int], str]:
+    """(version, storage format, low-rank layers, K/V encoding) an entry's parsed header JSON names
+    (format fp32 before version 3, no low-rank layers before 4, K/V in the model dtype before 5);
+    EntryError for an unknown format or K/V encoding or a malformed "lowrank". The version itself
+    is the caller's to accept or refuse."""
     version = header.get("version") if isinstance(header, dict) else None
-    fmt = header.get("format", "fp32") if version in (FORMAT_VERSION, LOWRANK_VERSION) else "fp32"
+    fmt = header.get("format", "fp32") if version in (FORMAT_VERSION, LOWRANK_VERSION, KV_VERSION) else "fp32"
     if fmt not in ENTRY_FORMATS:
         raise EntryError(f"unknown entry format {fmt!r}")
-    lowrank = header.get("lowrank", []) if version == LOWRANK_VERSION else []
+    lowrank = header.get("lowrank", []) if version in (LOWRANK_VERSION, KV_VERSION) else []
     if not isinstance(lowrank, list) or not all(isinstance(i, int) for i in lowrank):
         raise EntryError(f"malformed entry header: lowrank layers {lowrank!r}")
-    return version, fmt, lowrank
+    kv = header.get("kv", "model") if version == KV_VERSION else "model"
+    if kv not in KV_ENCODINGS:
+        raise EntryError(f"unknown K/V encoding {kv!r}")
+    return version, fmt, lowrank, kv
 
 
 def _rounded_T(body: LinearBody, fmt: str) -> torch.Tensor | LowRankT:
     """body's T as an entry in format `fmt` stores it: a matrix T or the factors P and Q rounded,
     scalar and vector T and gamma as they are (fp32)."""
     if isinstance(body.T, LowRankT):
-        return LowRankT(body.T.gamma, round_trip(body.T.P, fmt), round_trip(body.T.Q, fmt))
-    return round_trip(body.T, fmt) if body.form == "matrix" else body.T
+        return LowRankT(body.T.gamma, round_trip(body.T.P, fmt, "T"), round_trip(body.T.Q, fmt, "T"))
+    return round_trip(body.T, fmt, "T") if body.form == "matrix" else body.T
 
 
 def _stored_T(tensors: dict[str, torch.Tensor], i: int, fmt: str, lowrank: bool) -> torch.Tensor | LowRankT:
     """Layer i's T from the payload: the dense tensor, or (lowrank) its factors, widened to fp32."""
     if not lowrank:
-        return decode(tensors, f"{i}.T", fmt)
-    T = LowRankT(decode(tensors, f"{i}.T.gamma", "fp32"), decode(tensors, f"{i}.T.P", fmt),
-                 decode(tensors, f"{i}.T.Q", fmt))
+        return decode(tensors, f"{i}.T", fmt, "T")
+    T = LowRankT(decode(tensors, f"{i}.T.gamma", "fp32"), decode(tensors, f"{i}.T.P", fmt, "T"),
+                 decode(tensors, f"{i}.T.Q", fmt, "T"))
     if T.gamma.dim() < 1 or T.P.shape != T.Q.shape or T.P.shape[:-2] != T.gamma.shape[:-1] \
             or T.P.shape[-1] != T.gamma.shape[-1]:
         raise ValueError(f"low-rank T of layer {i}: gamma {tuple(T.gamma.shape)}, P {tuple(T.P.shape)}, "
@@ -299,15 +325,19 @@ def _stored_T(tensors: dict[str, torch.Tensor], i: int, fmt: str, lowrank: bool)
     return T
 
 
-def _layer(tensors: dict[str, torch.Tensor], i: int, kind: str, device,
-           fmt: str = "fp32", lowrank: bool = False) -> LinearBody | AttentionBody | None:
+def _layer(tensors: dict[str, torch.Tensor], i: int, kind: str, device, fmt: str = "fp32", lowrank: bool = False,
+           kv: str = "model", dtype: str = "float32") -> LinearBody | AttentionBody | None:
+    """Layer i of a parsed payload: T and S widened to fp32, keys and values (kv "fp8") to the
+    model's `dtype` (the header's), on `device`."""
     if kind.startswith("linear:"):
         opt = lambda name: tensors[name].to(device) if name in tensors else None  # noqa: E731
-        T, S = _stored_T(tensors, i, fmt, lowrank).to(device), decode(tensors, f"{i}.S", fmt).to(device)
+        T, S = _stored_T(tensors, i, fmt, lowrank).to(device), decode(tensors, f"{i}.S", fmt, "S").to(device)
         return LinearBody(T=T, form=kind.split(":", 1)[1], S=S,
                           conv_tail=opt(f"{i}.conv"), warmup_inputs=opt(f"{i}.warm"))
     if kind == "attention":
-        return AttentionBody(tensors[f"{i}.k"].to(device), tensors[f"{i}.v"].to(device))
+        model_dtype = torch_dtype(dtype) if kv != "model" else None
+        return AttentionBody(decode_kv(tensors, f"{i}.k", kv, model_dtype).to(device),
+                             decode_kv(tensors, f"{i}.v", kv, model_dtype).to(device))
     return None
 
 

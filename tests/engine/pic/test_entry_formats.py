@@ -13,7 +13,7 @@ from common.engine.checksum import DIGEST_BYTES, checksum
 from common.engine.hybrid_engine import HybridEngine
 from common.engine.pic.build import build_entry
 from common.engine.pic.compact import ENTRY_FORMATS, FP8, decode, encode, head_scale, round_trip
-from common.engine.pic.entry import EntryError, EntryMismatch, LinearBody, SegmentEntry
+from common.engine.pic.entry import AttentionBody, EntryError, EntryMismatch, LinearBody, SegmentEntry
 from tests.support.tiny import PIC_CONFIGS, save_tiny
 
 SEAM = 4
@@ -27,7 +27,7 @@ def test_encode_decode_error_bounds_on_random_tensors(shape, fresh_seed):
     bf = round_trip(x, "bf16")
     assert bf.dtype == torch.float32
     assert ((bf - x).abs() <= x.abs() * 2 ** -8).all()  # bf16: 8 significant bits, round to nearest
-    stored = encode("x", x, "fp8", True)
+    stored = encode("x", x, "fp8", "T")
     assert stored["x"].dtype == FP8 and tuple(stored["x.scale"].shape) == shape[:-2]
     f8 = decode(stored, "x", "fp8")
     amax = x.abs().amax(dim=(-2, -1), keepdim=True)
@@ -61,8 +61,10 @@ def test_entry_round_trip_in_each_format(engine, fmt, fresh_seed):
     e = e32.with_format(fmt)
     data = e.to_bytes()
     header = json.loads(data[8 : 8 + struct.unpack("<I", data[4:8])[0]])
-    assert header["version"] == (2 if fmt == "fp32" else 3)
-    assert header.get("format", "fp32") == fmt
+    has_attention = any(isinstance(b, AttentionBody) for b in e32.layers)
+    # fp8 stores attention K/V in e4m3 too: version 5, "kv" says so (older readers refuse it cleanly)
+    assert header["version"] == (2 if fmt == "fp32" else 5 if fmt == "fp8" and has_attention else 3)
+    assert header.get("format", "fp32") == fmt and header.get("kv", "model") == e.kv_encoding
     back = SegmentEntry.from_bytes(data)
     assert back.format == fmt and back.key == e32.key
     for b, w, ref in zip(back.layers, e.layers, e32.layers):
@@ -71,6 +73,9 @@ def test_entry_round_trip_in_each_format(engine, fmt, fresh_seed):
             assert torch.equal(b.T, w.T) and torch.equal(b.S, w.S)  # the builder sees what readers see
             if b.form != "matrix":
                 assert torch.equal(b.T, ref.T)  # scalar and vector T stay fp32
+        elif isinstance(b, AttentionBody):  # widened to the model dtype, exactly what the builder holds
+            assert b.keys.dtype == ref.keys.dtype and torch.equal(b.keys, w.keys) and torch.equal(b.values, w.values)
+            assert torch.equal(b.keys, ref.keys) == (fmt != "fp8")
     if fmt != "fp32":
         assert e.nbytes() < e32.nbytes()
     assert fmt == "fp32" or data != e32.to_bytes()
@@ -111,7 +116,7 @@ def test_unknown_or_inconsistent_format_is_a_clean_error(engine, fresh_seed):
         SegmentEntry.from_bytes(_resealed(data, b'"format":"bf16"', b'"format":"fp8" '))
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8t", "fp8"])
 def test_reuse_with_compact_entries_stays_close_to_fp32_entries(engine, fmt, fresh_seed):
     segs = [_ids(engine, fresh_seed + i, n) for i, n in enumerate((12, 7, 15))]
     query = _ids(engine, fresh_seed + 9, 5)
@@ -120,7 +125,9 @@ def test_reuse_with_compact_entries_stays_close_to_fp32_entries(engine, fmt, fre
     ref = engine.prefill_segments(segs, query, entries=e32, seam=SEAM).logits.double().log_softmax(-1)
     got = engine.prefill_segments(segs, query, entries=compact, seam=SEAM).logits.double().log_softmax(-1)
     kl = (ref.exp() * (ref - got)).sum().item()
-    assert 0 <= kl < (1e-4 if fmt == "bf16" else 1e-2), kl
+    # fp8t at bf16's bound: on these models (Gated DeltaNet's decaying T; Mamba2's scalar T, which
+    # no format compacts) its fp8 T adds next to nothing to bf16's S (bench.entry_format_error)
+    assert 0 <= kl < {"bf16": 1e-4, "fp8t": 1e-4, "fp8": 1e-2}[fmt], kl
 
 
 def test_the_engine_builds_and_accepts_its_own_format(engine, fresh_seed):

@@ -25,6 +25,7 @@ from common.engine.pic.build import build_entry
 from common.engine.pic.compact import lowrank_is_smaller
 from common.engine.pic.entry import AttentionBody, EntryError, LinearBody, SegmentEntry
 from common.engine.pic.reference import build_entry_reference
+from common.engine.pic.seal import header_of
 from kernels.linear_attn import FAMILY
 from kernels.linear_attn.lowrank import LowRankT
 from tests.support.tiny import PIC_CONFIGS, save_tiny
@@ -189,7 +190,7 @@ def test_a_wrong_lowrank_flag_is_a_clean_error(engine, fresh_seed):
                  lambda h: {**h, "lowrank": h["lowrank"][1:]},  # a low-rank layer read as dense: no "T"
                  lambda h: {**h, "lowrank": [99]},
                  lambda h: {**h, "lowrank": "all"},
-                 lambda h: {**h, "version": 5}):
+                 lambda h: {**h, "version": 6}):
         with pytest.raises(EntryError):
             SegmentEntry.from_bytes(_rewritten(data, edit))
     assert SegmentEntry.from_bytes(_rewritten(data, lambda h: h)).lowrank_layers[0] == first
@@ -215,5 +216,14 @@ def test_entries_written_before_lowrank_still_open(fmt):
     e = SegmentEntry.from_bytes(old)
     assert e.format == fmt and e.lowrank_layers == [] and e.key == want.key
     a, b = e._tensors(), want._tensors()
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert want.to_bytes() == old  # and dense entries are still written byte for byte as before
+    assert a.keys() == b.keys()
+    linear = [k for k in a if not k.endswith((".k", ".v", ".k.scale", ".v.scale"))]
+    assert all(torch.equal(a[k], b[k]) for k in linear)
+    # keys and values: every format kept them in the model dtype before version 5, and they open so
+    raw = synthetic_entry().layers[1]
+    assert torch.equal(e.layers[1].keys, raw.keys) and torch.equal(e.layers[1].values, raw.values)
+    if fmt != "fp8":
+        assert want.to_bytes() == old  # and dense entries are still written byte for byte as before
+    else:  # fp8 now stores them in e4m3 too: a version-5 entry, which readers before it refuse
+        new = want.to_bytes()
+        assert header_of(new)["version"] == 5 and header_of(new)["kv"] == "fp8" and len(new) < len(old)

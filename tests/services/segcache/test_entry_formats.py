@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
-from common.engine.pic.entry import LinearBody, SegmentEntry
-from common.engine.pic.seal import seal
+from common.engine.pic.entry import AttentionBody, LinearBody, SegmentEntry
+from common.engine.pic.seal import header_of, seal
 from services.segcache import lmdb_file
 from services.segcache.config import SegcacheConfig
 from services.segcache.metrics import StoreCollector
@@ -25,13 +25,15 @@ MiB = 1 << 20
 
 
 def real_entry(fmt: str, seed: int, n: int = 12) -> bytes:
-    """Sealed bytes of a SegmentEntry (one matrix-form linear layer) stored in `fmt`: the header
-    exactly as the engine writes it."""
+    """Sealed bytes of a SegmentEntry (one matrix-form linear layer and one attention layer) stored
+    in `fmt`: the header exactly as the engine writes it (fp8: version 5, keys and values in e4m3)."""
     g = torch.Generator().manual_seed(seed)
     body = LinearBody(T=torch.randn(1, 2, 8, 8, generator=g), form="matrix", S=torch.randn(1, 2, 8, 8, generator=g),
                       conv_tail=None, warmup_inputs=None)
     ids = torch.randint(0, 1000, (n,), generator=g).tolist()
-    e = SegmentEntry(ids, 4, "ab" * 32, "float32", [body]).with_format(fmt)
+    # a few keys and values only: the tests size their tiers by the linear part's bytes
+    kv = AttentionBody(torch.randn(1, 1, 2, 4, generator=g), torch.randn(1, 1, 2, 4, generator=g))
+    e = SegmentEntry(ids, 4, "ab" * 32, "float32", [body, kv]).with_format(fmt)
     return seal(e.to_bytes(), b"")
 
 
@@ -52,8 +54,9 @@ def scrape(store: SegmentStore) -> dict[str, float]:
 
 
 def test_entry_format_reads_the_header():
-    for fmt in ("fp32", "bf16", "fp8"):
+    for fmt in ("fp32", "bf16", "fp8t", "fp8"):
         assert entry_format(real_entry(fmt, 1)) == fmt
+    assert header_of(real_entry("fp8", 1))["version"] == 5  # K/V in e4m3: still read as fp8
     assert entry_format(hand_entry({"version": 1})) == "fp32"  # before formats existed
     assert entry_format(hand_entry({"version": 2})) == "fp32"
     assert entry_format(hand_entry({"version": 3, "format": "fp4"})) == "other"  # bounded label
@@ -71,7 +74,7 @@ def test_metrics_split_each_tier_by_format_and_add_up(tmp_path: Path, fresh_seed
     fmts = {}
     try:
         for i in range(30):  # more than the host tier holds: evictions move entries out of it
-            fmt = rng.choice(["fp32", "bf16", "fp8", "junk"])
+            fmt = rng.choice(["fp32", "bf16", "fp8t", "fp8", "junk"])
             data = real_entry(fmt, i, n=rng.randrange(4, 200)) if fmt != "junk" else rng.randbytes(3000)
             fmts[f"k{i}"] = "other" if fmt == "junk" else fmt
             store.put(f"k{i}", data, recompute_cost_s=rng.random())
@@ -137,7 +140,7 @@ def test_kept_counts_equal_a_scan_of_the_index_under_random_operations(tmp_path:
     cfg = SegcacheConfig(data_dir=tmp_path / "lmdb", lmdb_sync=False, host_bytes=12 << 10, disk_bytes=40 << 10)
     entries = {}
     for i in range(24):
-        fmt = rng.choice(["fp32", "bf16", "fp8", "junk"])
+        fmt = rng.choice(["fp32", "bf16", "fp8t", "fp8", "junk"])
         entries[f"k{i}"] = real_entry(fmt, i, n=rng.randrange(4, 300)) if fmt != "junk" else rng.randbytes(5000)
     store = SegmentStore(cfg)
     try:
