@@ -73,6 +73,6 @@ clean:
 	rm -rf $(VENV) $(FLA_VENV) .venv-gpu .gpu-wheels .gpu-site
 
 # Targeted mutation check (minutes; not part of `make test`): each mutant of a property that
-# matters must make the tests that cover it fail. scripts/mutate.py lists them.
+# matters must make the tests that cover it fail. scripts/mutant_table.py lists them, scripts/mutate.py runs them.
 mutate: $(STAMP)
 	$(VPY) scripts/mutate.py
