@@ -118,16 +118,25 @@ def test_unknown_or_inconsistent_format_is_a_clean_error(engine, fresh_seed):
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp8t", "fp8"])
 def test_reuse_with_compact_entries_stays_close_to_fp32_entries(engine, fmt, fresh_seed):
-    segs = [_ids(engine, fresh_seed + i, n) for i, n in enumerate((12, 7, 15))]
-    query = _ids(engine, fresh_seed + 9, 5)
-    e32 = [engine.build_entry(s, SEAM) for s in segs]
-    compact = [SegmentEntry.from_bytes(e.with_format(fmt).to_bytes()) for e in e32]
-    ref = engine.prefill_segments(segs, query, entries=e32, seam=SEAM).logits.double().log_softmax(-1)
-    got = engine.prefill_segments(segs, query, entries=compact, seam=SEAM).logits.double().log_softmax(-1)
-    kl = (ref.exp() * (ref - got)).sum().item()
+    kls = []
+    for p in range(5):
+        seed = fresh_seed + 100 * p
+        segs = [_ids(engine, seed + i, n) for i, n in enumerate((12, 7, 15))]
+        query = _ids(engine, seed + 9, 5)
+        e32 = [engine.build_entry(s, SEAM) for s in segs]
+        compact = [SegmentEntry.from_bytes(e.with_format(fmt).to_bytes()) for e in e32]
+        ref = engine.prefill_segments(segs, query, entries=e32, seam=SEAM).logits.double().log_softmax(-1)
+        got = engine.prefill_segments(segs, query, entries=compact, seam=SEAM).logits.double().log_softmax(-1)
+        kls.append((ref.exp() * (ref - got)).sum().item())
+    assert all(kl >= 0 for kl in kls), kls
+    # The median of 5 prompts, not each: the tiny Qwen3-Next is a mixture of experts whose random
+    # router has near-ties, and any rounding of a state can flip a query token's top-k experts, a
+    # jump in the logits that no format's precision bounds (measured over 800 prompts: median KL
+    # 1e-7 in bf16, 3 prompts at 8e-3-5e-2, each with 4 of 16 routing choices flipped; relative
+    # noise of 1e-3 on S flips them too). A broken format moves every prompt, so the median holds it.
     # fp8t at bf16's bound: on these models (Gated DeltaNet's decaying T; Mamba2's scalar T, which
     # no format compacts) its fp8 T adds next to nothing to bf16's S (bench.entry_format_error)
-    assert 0 <= kl < {"bf16": 1e-4, "fp8t": 1e-4, "fp8": 1e-2}[fmt], kl
+    assert sorted(kls)[2] < {"bf16": 1e-4, "fp8t": 1e-4, "fp8": 1e-2}[fmt], kls
 
 
 def test_the_engine_builds_and_accepts_its_own_format(engine, fresh_seed):

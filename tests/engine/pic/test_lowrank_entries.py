@@ -123,8 +123,19 @@ def test_the_fused_build_equals_the_reference_in_lowrank_form(engine, fresh_seed
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "fp8"])
 def test_lowrank_entries_in_each_format(engine, fmt, fresh_seed):
-    segs = [_ids(engine, fresh_seed + i, n) for i, n in enumerate((7, 9, 6))]
-    query = _ids(engine, fresh_seed + 9, 5)
+    kls = [_lowrank_prompt_kl(engine, fmt, fresh_seed + 100 * p) for p in range(5)]
+    assert all(kl >= -1e-9 for kl in kls), kls
+    # the median of 5 prompts, with the bounds of test_entry_formats and for its reason: a mixture of
+    # experts' router (Qwen3-Next, Kimi, Ling) flips a top-k choice at a near-tie now and then, which
+    # no precision bounds; a wrong format moves every prompt
+    assert sorted(kls)[2] < {"fp32": 1e-9, "bf16": 1e-4, "fp8": 1e-2}[fmt], kls
+
+
+def _lowrank_prompt_kl(engine, fmt: str, seed: int) -> float:
+    """KL(dense fp32 entries || low-rank entries in `fmt`) at one prompt's query, after checking
+    the low-rank entries' bytes and that the builder composes with what readers see."""
+    segs = [_ids(engine, seed + i, n) for i, n in enumerate((7, 9, 6))]
+    query = _ids(engine, seed + 9, 5)
     seam = 2
     e32 = [build_entry(engine, s, seam, lowrank="never") for s in segs]
     low = [build_entry(engine, s, seam, lowrank="always").with_format(fmt) for s in segs]
@@ -135,16 +146,15 @@ def test_lowrank_entries_in_each_format(engine, fmt, fresh_seed):
             got, want = b.layers[i].T, w.layers[i].T
             assert all(torch.equal(x, y) and x.dtype == torch.float32
                        for x, y in zip((got.gamma, got.P, got.Q), (want.gamma, want.P, want.Q)))
-    ref = engine.prefill_segments(segs, query, entries=e32, seam=seam).logits.double().log_softmax(-1)
-    got = engine.prefill_segments(segs, query, entries=back, seam=seam).logits.double().log_softmax(-1)
-    kl = (ref.exp() * (ref - got)).sum().item()
-    assert -1e-9 <= kl < {"fp32": 1e-9, "bf16": 1e-4, "fp8": 1e-2}[fmt], kl  # the bounds of test_entry_formats
     # smaller than the dense entry in the same format where the automatic choice takes it
     for s, e in zip(segs, low):
         d = build_entry(engine, s, seam, lowrank="never").with_format(fmt)
         K = d.layers[_matrix_layers(engine)[0]].T.shape[-1]
         if lowrank_is_smaller(len(s) - 3, K, fmt):  # the span: after the conv warm-up of 3 tokens
             assert e.nbytes() < d.nbytes()
+    ref = engine.prefill_segments(segs, query, entries=e32, seam=seam).logits.double().log_softmax(-1)
+    got = engine.prefill_segments(segs, query, entries=back, seam=seam).logits.double().log_softmax(-1)
+    return (ref.exp() * (ref - got)).sum().item()
 
 
 def test_the_choice_is_automatic_by_bytes(engine, fresh_seed):
