@@ -49,6 +49,7 @@ from .naive import (
     naive_recurrent,
     naive_retnet,
 )
+from .segments import segment_states, segment_states_reference
 from .mamba import chunk_mamba, mamba_features, naive_mamba, naive_selective_scan
 from .summary import (
     Summary,
@@ -200,6 +201,8 @@ __all__ = [
     "chunk_linear_attn",
     "chunk_with_transition",
     "default_chunk_size",
+    "segment_states",
+    "segment_states_reference",
     "chunk_retnet",
     "chunk_mamba2",
     "chunk_gla",

@@ -187,7 +187,8 @@ def _intra_scores(ch: _Chunked, dec: _Decay, delta: bool):
 
 
 def _plain_scan(ch: _Chunked, dec: _Decay, A, S0, want_T: bool):
-    """Plain families: (chunk outputs [N, Z, C, V] or None, final state [Z, K, V], T or None)."""
+    """Plain families: (chunk outputs [N, Z, C, V] or None, final state [Z, K, V], T or None,
+    the state entering every chunk [N, Z, K, V])."""
     N, Z, C, K, V, kc, vc, qc, bc = ch.N, ch.Z, ch.C, ch.K, ch.V, ch.kc, ch.vc, ch.qc, ch.bc
     vb = vc * bc.unsqueeze(-1) if bc is not None else vc
     # chunk writes (one batched matmul), then one op per chunk for the scan of chunk states
@@ -212,7 +213,7 @@ def _plain_scan(ch: _Chunked, dec: _Decay, A, S0, want_T: bool):
     T_out = None
     if want_T:  # no gate: identity transition
         T_out = dec.T_span if dec.T_span is not None else torch.ones(Z, device=kc.device)
-    return o_c, S, T_out
+    return o_c, S, T_out, Xs[:N]
 
 
 def _delta_uw(ch: _Chunked, dec: _Decay, Lm, kb, want_T: bool):
@@ -241,7 +242,8 @@ def _delta_uw(ch: _Chunked, dec: _Decay, Lm, kb, want_T: bool):
 
 
 def _delta_scan(ch: _Chunked, dec: _Decay, A, Lm, kb, S0, want_T: bool):
-    """Delta families: (chunk outputs or None, final state [Z, K, V], T [Z, K, K] or None).
+    """Delta families: (chunk outputs or None, final state [Z, K, V], T [Z, K, K] or None, the
+    state entering every chunk [N, Z, K, V] or None when there are no outputs).
 
     The outputs need the state entering every chunk and every chunk's new values (V columns only).
     Without T the loop writes them in place into history buffers; with T (K augmented columns
@@ -291,7 +293,7 @@ def _delta_scan(ch: _Chunked, dec: _Decay, A, Lm, kb, S0, want_T: bool):
     if qc is not None:
         qg = qc * dec.eb if dec.b is not None else qc
         o_c = torch.matmul(A, dl).add_(torch.matmul(qg, starts))
-    return o_c, S, T_out
+    return o_c, S, T_out, (starts if keep else None)
 
 
 def _chunk_core(
@@ -306,8 +308,10 @@ def _chunk_core(
     chunk_size: int,
     want_T: bool = False,
     out: torch.Tensor | None = None,
+    starts: list | None = None,
 ):
-    """Returns (o or None, final state [B,H,K,V] fp32, T or None).
+    """Returns (o or None, final state [B,H,K,V] fp32, T or None); `starts` (a list, when given)
+    receives the state entering every chunk, [N, B, H, K, V] fp32 (C = chunk_size once T >= it).
 
     q None: no outputs (summary only). v None: zero values (V = 0, only T is produced).
     T: [B,H] (scalar gates / no gate), [B,H,K] (per-channel gate) for the plain families,
@@ -345,9 +349,11 @@ def _chunk_core(
     dec = _chunk_decay(g, kind, ch, B, T, H, span_T=want_T and not delta)
     A, Lm, kb = _intra_scores(ch, dec, delta)
     if delta:
-        o_c, S, T_out = _delta_scan(ch, dec, A, Lm, kb, S0, want_T)
+        o_c, S, T_out, entering = _delta_scan(ch, dec, A, Lm, kb, S0, want_T)
     else:
-        o_c, S, T_out = _plain_scan(ch, dec, A, S0, want_T)
+        o_c, S, T_out, entering = _plain_scan(ch, dec, A, S0, want_T)
+    if starts is not None:
+        starts.append(None if entering is None else entering.reshape(N, B, H, K, V))
 
     o = None
     if o_c is not None:

@@ -19,7 +19,7 @@ import torch
 from common.engine.layers.attention import append_kv, attention_values, causal_attention
 from common.engine.models.base import ForwardContext
 from common.engine.state import AttentionLayerState, LinearLayerState, ModelState
-from kernels.linear_attn import linear_attention
+from kernels.linear_attn import segment_states
 
 
 def chain_keys(fingerprint: str, dtype: str, segments: list[list[int]]) -> list[str]:
@@ -106,14 +106,33 @@ class SegmentEndsPlan:
         return causal_attention(q, st.keys, values, scale), st
 
     def run_linear(self, mixer, x, ctx):
+        """The layer over the whole pass once (features, one chunked recurrence, output), with its
+        state at every segment end: the recurrence's from `segment_states`, the conv tail from
+        the k - 1 inputs before the end (they are all the conv keeps)."""
         prev = self.state.layers[ctx.layer]
-        conv, S = (None, None) if prev is None else (prev.conv, prev.recurrent)
-        ys, a = [], 0
-        for j, end in enumerate(self.ends):
-            q, k, v, g, beta, aux, conv = mixer.features(x[:, a:end], conv)
-            o, S = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=S, scale=mixer.scale)
-            ys.append(mixer.output(o, aux, x.dtype))
-            if j < len(self.ends) - 1:
-                self.at_end[j][ctx.layer] = LinearLayerState(conv, S)
-            a = end
-        return torch.cat(ys, 1), LinearLayerState(conv, S)
+        conv, S0 = (None, None) if prev is None else (prev.conv, prev.recurrent)
+        q, k, v, g, beta, aux, tail = mixer.features(x, conv)
+        o, states = segment_states(mixer.family, q, k, v, g=g, beta=beta, initial_state=S0, scale=mixer.scale,
+                                   ends=self.ends)
+        tails = _conv_tails(mixer, x, conv, tail, self.ends[:-1])
+        for j, tail_j in enumerate(tails):
+            self.at_end[j][ctx.layer] = LinearLayerState(tail_j, states[j])
+        return mixer.output(o, aux, x.dtype), LinearLayerState(tail, states[-1])
+
+
+def _conv_tails(mixer, x, conv, tail, ends: list[int]) -> list:
+    """The short conv's tail after the first `end` tokens of x, for every end: the conv inputs of
+    the last k - 1 of them (one projection of all those rows), preceded by the incoming tail `conv`
+    where there are fewer (None: zeros)."""
+    if tail is None:  # a mixer without a short conv
+        return [None] * len(ends)
+    if not ends:
+        return []
+    width = tail.shape[-1]
+    at = [e - width + i for e in ends for i in range(width)]
+    rows = mixer.conv_inputs(x[:, [max(p, 0) for p in at]]).transpose(1, 2).to(tail.dtype)  # [B, C, n*width]
+    early = [i for i, p in enumerate(at) if p < 0]
+    if early:  # an end within the first k - 1 tokens: the incoming tail's last inputs come first
+        before = conv.to(tail.dtype) if conv is not None else tail.new_zeros(tail.shape)
+        rows[..., early] = before[..., [width + at[i] for i in early]]
+    return [rows[..., j * width:(j + 1) * width] for j in range(len(ends))]

@@ -74,13 +74,17 @@ def test_prefix_mode_equals_full_when_it_reuses(engine, fresh_seed):
     assert (out.logits - full).abs().max() < 1e-4
 
 
-def test_one_pass_over_segments_equals_a_forward_per_segment(engine, fresh_seed):
+@pytest.mark.parametrize("lengths", [(13, 2, 31, 5, 20), (2, 2, 40, 3)])
+def test_one_pass_over_segments_equals_a_forward_per_segment(engine, fresh_seed, lengths):
     """The prefix baseline's single pass (common.engine.pic.prefix.forward_segments) leaves, at every
-    segment end, the state a forward per segment leaves -- from the start and after a prefix."""
+    segment end, the state a forward per segment leaves -- from the start and after a prefix (the
+    second prompt: ends within the conv's first k - 1 tokens, whose tail takes the incoming one's).
+    No segment is one token long: a one-token forward from a state is a decode step, which for
+    Mamba2 leaves dt unclamped where every prefill (this pass, full recompute) clamps it."""
     from common.engine.pic.prefix import forward_segments
     from common.engine.state import AttentionLayerState, LinearLayerState
 
-    segs, _ = random_prompt(engine, fresh_seed, (13, 2, 31, 5, 20))
+    segs, _ = random_prompt(engine, fresh_seed, lengths)
     for before in (None, engine.forward(segs[0])[2]):
         rest = segs[1:] if before is not None else segs
         got = forward_segments(engine, rest, before)
