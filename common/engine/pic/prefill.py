@@ -8,7 +8,7 @@ from common.engine.modes import MODES, parse_mode, seam_for
 from common.engine.pic.entry import (
     AttentionBody, EntryError, EntryMismatch, LinearBody, SegmentEntry, dtype_name, entry_layout, segment_key,
 )
-from common.engine.pic.prefix import PrefixCache, chain_keys, forward_segments
+from common.engine.pic.prefix import PrefixCache, chain_keys, forward_segments_and_query
 from common.engine.pic.protocol import PicEngine
 from common.engine.pic.build import BuildCancelled, build_entry
 from common.engine.pic.reuse import compose_run, compose_segment, prefill_layer_major, prefill_segment_major
@@ -64,7 +64,7 @@ def prefill_segments(engine: PicEngine, segments: Sequence[Sequence[int]], query
     if mode == "full":
         out = engine.prefill([t for s in segs for t in s] + q)
     elif mode == "prefix":
-        out = _query(engine, q, _prefix_state(engine, segs, extra))
+        out = _prefix(engine, segs, q, extra)
     else:
         out = _query(engine, q, _reuse_state(engine, segs, entries, mode, seam_for(mode, seam), order, extra))
     timings["total_s"] = time.perf_counter() - t0
@@ -72,8 +72,9 @@ def prefill_segments(engine: PicEngine, segments: Sequence[Sequence[int]], query
     return out
 
 
-def _prefix_state(engine: PicEngine, segs: list[list[int]], extra: dict) -> ModelState:
-    """State after `segs` from the longest cached segment-aligned prefix; caches every boundary."""
+def _prefix(engine: PicEngine, segs: list[list[int]], q: list[int], extra: dict) -> PrefillOutput:
+    """From the longest cached segment-aligned prefix, the uncached segments and the query in one
+    pass (as full recompute runs the prompt), caching the state at every segment end."""
     keys = chain_keys(engine.fingerprint, dtype_name(engine.dtype), segs)
     state, reused = None, 0
     for j in range(len(segs) - 1, -1, -1):
@@ -81,12 +82,13 @@ def _prefix_state(engine: PicEngine, segs: list[list[int]], extra: dict) -> Mode
         if hit is not None:
             state, reused = hit, j + 1
             break
-    if reused < len(segs):  # the uncached segments in one pass, a state kept at each end
-        for j, st in enumerate(forward_segments(engine, segs[reused:], state), start=reused):
-            engine.prefix_cache.put(keys[j], st)
-            state = st
     extra["reused_segments"] = reused
-    return state
+    if reused == len(segs):
+        return _query(engine, q, state)
+    states, logits, final = forward_segments_and_query(engine, segs[reused:], state, q)
+    for j, st in enumerate(states, start=reused):
+        engine.prefix_cache.put(keys[j], st)
+    return PrefillOutput(logits=logits, state=final)
 
 
 def _reuse_state(engine: PicEngine, segs: list[list[int]], entries, mode: str, seam: int, order: str,

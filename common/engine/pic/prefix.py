@@ -3,7 +3,8 @@
 Model states are kept at segment boundaries (as SGLang's and vLLM's hybrid prefix caches keep
 them), keyed by a chained hash of the segments so far, bounded in bytes, evicted LRU.
 
-The uncached segments run in one forward pass (`forward_segments`), as a fair baseline must:
+The uncached segments and the query run in one forward pass (`forward_segments_and_query`), as
+full recompute runs the whole prompt, which a fair baseline must match:
 attention layers attend over the whole suffix in one call and the boundary states hold views of
 its keys and values (no per-segment copies); linear layers run segment by segment inside that
 pass, which is what yields their state at each boundary.
@@ -70,21 +71,33 @@ class PrefixCache:
 def forward_segments(engine, segments: list[list[int]], state: ModelState | None) -> list[ModelState]:
     """Run `segments` after `state` (None: from the start) in one forward pass; the model state
     at the end of each segment. Equals one engine.forward per segment (up to float round-off)."""
+    return forward_segments_and_query(engine, segments, state, None)[0]
+
+
+@torch.inference_mode()
+def forward_segments_and_query(engine, segments: list[list[int]], state: ModelState | None,
+                               query: list[int] | None) -> tuple[list[ModelState], torch.Tensor | None, ModelState]:
+    """`segments` then `query` (None: none) after `state` in one forward pass, as full recompute
+    runs a prompt: (the state at the end of each segment, the logits at the query's last token or
+    None, the state after everything)."""
     state = engine.new_state() if state is None else state
-    ids = [t for seg in segments for t in seg]
+    ids = [t for seg in segments for t in seg] + list(query or [])
     ends, n = [], 0
     for seg in segments:
         n += len(seg)
         ends.append(n)
+    if query:
+        ends.append(len(ids))  # the pass's last piece; no state is kept for it
     plan = SegmentEndsPlan(state, ends, engine.model)
     start = state.seq_len
-    ctx = ForwardContext(positions=torch.arange(start, start + n, device=engine.device), plan=plan)
-    _, final = engine.model(torch.tensor([ids], dtype=torch.long, device=engine.device), state, ctx=ctx)
+    ctx = ForwardContext(positions=torch.arange(start, start + len(ids), device=engine.device), plan=plan)
+    hidden, final = engine.model(torch.tensor([ids], dtype=torch.long, device=engine.device), state, ctx=ctx)
     out = []
-    for j, end in enumerate(ends):
+    for j, end in enumerate(ends[:len(segments)]):
         layers = [plan.at_end[j].get(i, final.layers[i]) for i in range(len(final.layers))]
         out.append(ModelState(layers=layers, seq_len=start + end, extra=dict(state.extra)))
-    return out
+    logits = engine.model.logits(hidden[0, -1:])[-1] if query else None
+    return out, logits, final
 
 
 class SegmentEndsPlan:

@@ -66,7 +66,10 @@ def test_prefix_mode_equals_full_when_it_reuses(engine, fresh_seed):
     segs, q = random_prompt(engine, fresh_seed, LENGTHS)
     engine.prefix_cache.clear()
     full = engine.prefill_segments(segs, q, mode="full").logits
-    engine.prefill_segments(segs[:5], q, mode="prefix")
+    cold = engine.prefill_segments(segs[:5], q, mode="prefix")  # segments and query in one pass
+    assert cold.extra["reused_segments"] == 0 and len(engine.prefix_cache) == 5
+    assert (cold.logits - engine.prefill_segments(segs[:5], q, mode="full").logits).abs().max() < 1e-4
+    assert cold.state.seq_len == sum(map(len, segs[:5])) + len(q)
     out = engine.prefill_segments(segs, [9, 8, 7], mode="prefix")
     assert out.extra["reused_segments"] == 5
     out = engine.prefill_segments(segs, q, mode="prefix")
