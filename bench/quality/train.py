@@ -206,7 +206,8 @@ def export(model, tokenizer, out: Path, state: dict, args, command: str) -> None
     stage = {"command": command, "seed": args.seed, "steps": state["step"], "batch": args.batch, "lr": args.lr,
              "wall_s": state["wall_s"], "tokens": state["tokens"], "threads": args.threads,
              "init": str(args.init) if args.init else None, "mix": state.get("mix"), "level": args.level,
-             "start_level": args.start_level, "promote_task": args.promote_task}
+             "start_level": args.start_level, "promote_task": args.promote_task, "docs": args.docs,
+             "filler": args.filler}
     stages = state["prior"]["stages"] + [stage]
     history = state["prior"]["history"] + state["history"]
     evals = state["prior"]["evals"] + state["evals"]
@@ -250,6 +251,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--promote-task", default="retrieval", choices=T.TASKS,
                     help="curriculum: the task whose answers decide when to move up a level")
     ap.add_argument("--start-level", type=int, default=0, help="curriculum: the level to start from")
+    ap.add_argument("--docs", type=int, nargs=2, metavar=("LO", "HI"), default=None,
+                    help="train at one level of LO..HI documents instead of the curriculum's (with --filler)")
+    ap.add_argument("--filler", type=int, nargs=2, metavar=("LO", "HI"), default=None,
+                    help="filler words per document at that level (with --docs)")
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--max-minutes", type=float, default=60.0, help="stop (and export) after this much training time")
     ap.add_argument("--stop-at", type=int, default=None,
@@ -257,6 +262,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "(a run stopped early on purpose, reproducibly, unlike --max-minutes)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
+    if (args.docs is None) != (args.filler is None):
+        ap.error("--docs and --filler go together")
     if args.init and not (args.init / "tokenizer.json").exists():  # never write into a stage's checkpoint
         ap.error(f"--init {args.init}: no tokenizer.json there (not a checkpoint this script wrote)")
     return args
@@ -267,6 +274,14 @@ def load_model(args, tokenizer, ids: dict[str, int]):
     if args.init:
         return Qwen3_5ForCausalLM.from_pretrained(str(args.init), dtype=torch.float32)
     return build_model(len(tokenizer), {w: ids[w] for w in T.SPECIALS}, args.seed)
+
+
+def curriculum(args) -> T.Curriculum:
+    """The curriculum's levels, or with --docs/--filler one level of their own (the span task's
+    boundary-dense prompts: many short documents, so many boundaries per training sequence)."""
+    if args.docs is None:
+        return T.Curriculum()
+    return T.Curriculum(levels=((tuple(args.docs), tuple(args.filler)),), mixes=())
 
 
 def task_mix(args) -> dict[str, float] | None:
@@ -347,7 +362,7 @@ def main(argv=None) -> int:
         state = blob["state"]
         print(f"resumed from {ckpt} at step {state['step']} ({state['wall_s'] / 60:.1f} min)", flush=True)
     print(f"model: {n_params:,} parameters, vocab {len(tokenizer)}, layers {MODEL_CONFIG['layer_types']}", flush=True)
-    cur = T.Curriculum()
+    cur = curriculum(args)
     state["mix"] = task_mix(args)  # the curriculum's, unless --mix sets one for every level
     offset = sum(s["steps"] for s in state["prior"]["stages"])  # steps of earlier stages, for the log
     bar = tqdm(total=args.steps, initial=state["step"], mininterval=20, file=sys.stdout, dynamic_ncols=False,
