@@ -77,7 +77,10 @@ def _stage_lines(log: dict) -> list[str]:
         train_tasks = ", ".join(t for t, w in T.TRAIN_MIX.items() if w > 0)
         level = st.get("level")
         cur = T.Curriculum()
-        where = (f"at the evaluation's level (curriculum level {level})" if level == len(cur.levels) - 1 else
+        own = (tuple(st["docs"]), tuple(st["filler"])) if st.get("docs") else None
+        where = (f"at a level of its own ({_docs(own)} documents of {_docs(own, 1)} filler words: many short "
+                 "documents, so many boundaries per prompt)" if own else
+                 f"at the evaluation's level (curriculum level {level})" if level == len(cur.levels) - 1 else
                  f"at curriculum level {level} ({_docs(cur.levels[level])} documents of "
                  f"{_docs(cur.levels[level], 1)} filler words, shorter than the evaluation's)" if level is not None
                  else "with the curriculum")
@@ -215,7 +218,10 @@ def _training_lines(log: dict) -> list[str]:
         "queries in the mix,",
         "  2-6 keys per prompt are restated in later documents and every `find` answers the last value",
         *(["- with span queries in the mix, 2-7 document boundaries per prompt carry a fact split over them",
-           "  (the key ends one document, its value opens the next)"]
+           f"  (the key ends one document, the next opens `<doc> {' '.join(T.SPAN_OPENING)} VALUE .`), every other "
+           "boundary opens the same way with no key before it",
+           "  (a decoy), and no query is repeated: otherwise the span answers are the only values opening",
+           "  documents and can be found by elimination instead of by pairing"]
           if any((st.get("mix") or {}).get("span", 0) > 0 for st in log.get("stages") or []) else []),
         "- resumable: a checkpoint every 50 steps under `--work`; `--resume` continues exactly (the batch",
         "  of step s is generated from (seed, s))",
@@ -243,8 +249,11 @@ def _span_lines(q: dict) -> list[str]:
 
     return [
         "- span: `<q> find KEY <a>` -> the value of a fact split over a document boundary: the key ends one",
-        "  document and the value opens the next (`... KEY` | `<doc> VALUE . ...`), at 4-7 of the 7",
-        "  boundaries; only a model that reads a document's opening in the context of the previous one",
+        f"  document and the value opens the next (`... KEY` | `<doc> {' '.join(T.SPAN_OPENING)} VALUE . ...`), "
+        "at 4-7 of the 7",
+        "  boundaries, the value 4 tokens after the key (beyond the short convolution's reach, and past the",
+        "  3 opening tokens hypic always recomputes for it); only a model that reads a document's opening",
+        "  in the context of the previous one",
         f"  pairs them. Here the seam matters: hypic w=0 scores {at('hypic_w0')}, w=2 {at('hypic_w2')}, "
         f"w=8 {at('hypic_w8')}, full recompute {at('full')} (95% Wilson intervals)",
     ]
