@@ -456,6 +456,8 @@ def main(argv=None) -> int:
            "docs_per_prompt": T.EVAL_DOCS, "threads": args.threads, **res}
     name, flags = ("quality_cut", "--cut") if args.cut else ("quality_formats", "--entry-formats " + " ".join(fmts)) \
         if fmts else ("quality", "")
+    if args.n != ap.get_default("n"):  # the command in the .md must give the same prompts
+        flags = f"{flags} --n {args.n}".strip()
     write_results(res, args.out, name, flags)
     if fmts and args.out.resolve() == DEFAULT_OUT.resolve():  # the published results: the README's source
         write_model_readme(args.model, args.out)
