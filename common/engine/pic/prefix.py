@@ -6,8 +6,8 @@ them), keyed by a chained hash of the segments so far, bounded in bytes, evicted
 The uncached segments and the query run in one forward pass (`forward_segments_and_query`), as
 full recompute runs the whole prompt, which a fair baseline must match:
 attention layers attend over the whole suffix in one call and the boundary states hold views of
-its keys and values (no per-segment copies); linear layers run segment by segment inside that
-pass, which is what yields their state at each boundary.
+its keys and values (no per-segment copies); linear layers run one chunked recurrence over it and
+read their state at each boundary from its chunk states (kernels.linear_attn.segments).
 """
 from __future__ import annotations
 
