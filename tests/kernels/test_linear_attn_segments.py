@@ -66,3 +66,23 @@ def test_bad_ends_are_refused(ends, gen):
     q, k, v, g, beta = make_inputs("gated_deltanet", 1, 9, 2, 8, 8, gen)
     with pytest.raises(ValueError, match="segment ends"):
         segment_states("gated_deltanet", q, k, v, g=g, beta=beta, ends=ends)
+
+
+def test_one_chunked_pass_for_all_segments(gen, monkeypatch):
+    """The fast path really is one pass (the reference makes one per segment), so the comparisons
+    above compare two different computations."""
+    import kernels.linear_attn.chunk as chunk_mod
+    import kernels.linear_attn.segments as seg_mod
+
+    calls = []
+    real = chunk_mod._chunk_core
+
+    def counting(*a, **kw):
+        calls.append(a[1].shape[1])  # k's length
+        return real(*a, **kw)
+
+    monkeypatch.setattr(seg_mod, "_chunk_core", counting)
+    ends = [17, 50, 51, 90, 130]
+    q, k, v, g, beta = make_inputs("gated_deltanet", 1, ends[-1], 2, 8, 8, gen)
+    segment_states("gated_deltanet", q, k, v, g=g, beta=beta, ends=ends)
+    assert len(calls) == 1 and calls[0] % 32 == 0 and calls[0] >= ends[-1]
