@@ -28,6 +28,7 @@ def random_section(rnd: dict) -> list[str]:
         f"closed-loop RAG requests per mode, {wl['max_tokens']} decoded tokens, segcache's host tier "
         f"capped at {mach['segcache_host_bytes']}; {machine_load(mach)}.",
         "",
+        *steady_lines(rnd.get("warm_up", {}).get("steady", {}).get("rag")),
         *([f"![TTFT vs rate, mid-size model](bench/results/serve_random_ttft_vs_rate.png)", ""] if sw else []),
         "| mode (RAG) | TTFT p50 (ms) | p90 | hit rate | hits by tier | QPS at SLO | highest passing rate |",
         "|---|---:|---:|---:|---|---:|---:|",
@@ -63,10 +64,32 @@ def random_section(rnd: dict) -> list[str]:
                 f"{n_miss} had at least one miss, built on a scatter worker while the hits arrived "
                 f"(TTFT p50 {ms(p50_miss)} ms, compose p50 {ms(rag['modes']['hypic'].get('compose_p50_s'))} ms, "
                 f"query p50 {ms(rag['modes']['hypic'].get('query_p50_s'))} ms). With a hit rate of "
-                f"{pct(rag['modes']['hypic']['hit_rate'])} after this short warm-up, a request waits for the "
+                f"{pct(rag['modes']['hypic']['hit_rate'])} after this {warm_label(rnd)}, a request waits for the "
                 "build of its longest missed document: the misses bound the ratio, not the warm path (its "
                 "anatomy below: an all-hit request on this model is within a small factor of its floor)."]
     return out + [""]
+
+
+def steady_lines(st: dict | None) -> list[str]:
+    """The steady warm-up's curve (bench/steady.py), when the run warmed up that way."""
+    if not st:
+        return []
+    rule, curve = st["rule"], st["curve"]
+    pts = ", ".join(f"{p['requests']}: {pct(p['hit_rate'])}" for p in curve)
+    pfx = ", ".join(pct(p.get("prefix_hit_rate")) for p in curve)
+    end = (f"it stopped rising after {st['rounds']} rounds (none of the last {rule['patience']} above the best "
+           f"before them by more than {rule['eps'] * 100:g} points)" if st["reached"] else
+           f"**it was still rising** when the cap of {rule['max_rounds']} rounds ended the warm-up: the figures "
+           "below are not the steady state's")
+    return [f"Warm-up to steady state (`--steady`, bench/steady.py): rounds of {rule['round_requests']} fresh "
+            f"RAG requests in every cache-using mode, {st['wall_s'] / 60:.1f} min. hypic's segment hit rate per "
+            f"round (requests so far: hit rate): {pts}; {end}. The prefix cache's replayed hit rate over the "
+            f"same rounds: {pfx}.", ""]
+
+
+def warm_label(rnd: dict) -> str:
+    st = rnd.get("warm_up", {}).get("steady", {}).get("rag")
+    return "short warm-up" if not st else ("steady warm-up" if st["reached"] else "capped warm-up")
 
 
 def anatomy_section(an: dict) -> list[str]:

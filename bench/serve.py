@@ -56,9 +56,10 @@ from bench import remote
 from bench import trace as TR
 from bench import workloads as W
 from bench.cold_mesh import ColdParams, cold_path
-from bench.driver import (ROOT, Encoder, PrefixReplay, build_workloads, drive, json_default, log, slim_records,
-                          summarize)
+from bench.driver import (ROOT, Encoder, PrefixReplay, build_workloads, drive, json_default, log, shape_trace,
+                          slim_records, summarize)
 from bench.plots import plot_cdf, plot_cold, plot_rate
+from bench.steady import SteadyRule, warm_until_steady
 from bench.sweep import rate_sweep
 from bench.report_baseline import named, vs_best
 from bench.random_model import RANDOM_LABEL, describe, parse_spec, save_random_model
@@ -82,7 +83,17 @@ def warm_up(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> d
         if mode == "prefix":
             replay.request("tiny", tiny)
     counts = {}
+    steady = {}
     for shape, trace in wl["warm"].items():
+        if args.steady:  # rounds until hypic's hit rate stops rising (bench/steady.py), not one trace
+            steady[shape] = warm_until_steady(
+                mesh.router_address, enc, lambda k, shape=shape: shape_trace(wl, args, shape, args.steady_round,
+                                                                            seed=args.seed * 1000 + 500 + k),
+                [m for m in args.modes if m in CACHED_MODES], SteadyRule(args.steady_round, args.steady_eps,
+                                                                          args.steady_patience, args.steady_max_rounds),
+                on_prefix=lambda tr, shape=shape: _replayed_rate(replay, shape, tr), log=log, label=shape)
+            counts[shape] = steady[shape]["requests_per_mode"]
+            continue
         for mode in (m for m in args.modes if m in CACHED_MODES):
             recs, wall = drive(mesh.router_address, trace.requests, mode, enc, max_tokens=1,
                                concurrency=2)
@@ -94,11 +105,23 @@ def warm_up(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> d
                 log(f"  warm-up {shape}/{mode}: {len(errs)} errors, e.g. {errs[0]}")
             log(f"  warm-up {shape:<13} {mode:<7} {len(recs)} requests in {wall:.1f} s")
         counts[shape] = len(trace)
-    distinct = {shape: len({d for r in tr.requests for d in r.doc_ids}) for shape, tr in wl["warm"].items()}
-    return dict(requests=counts, distinct_segments=distinct, wall_s=time.perf_counter() - t0,
-                what="one 2-segment request per mode (code paths), then per shape a warm-up trace "
-                     "(same corpus/pools and popularity, another seed) in prefix, additive and hypic "
-                     "at concurrency 2, max_tokens 1")
+    distinct = {shape: len({d for r in tr.requests for d in r.doc_ids}) for shape, tr in wl["warm"].items()
+                if shape not in steady}
+    out = dict(requests=counts, distinct_segments=distinct, wall_s=time.perf_counter() - t0,
+               what="one 2-segment request per mode (code paths), then per shape a warm-up trace "
+                    "(same corpus/pools and popularity, another seed) in prefix, additive and hypic "
+                    "at concurrency 2, max_tokens 1")
+    if steady:
+        out.update(steady=steady, what="one 2-segment request per mode (code paths), then per shape rounds of "
+                   f"{args.steady_round} fresh requests (same corpus/pools and popularity, a new seed each) in "
+                   "every cache-using mode at concurrency 2, max_tokens 1, until hypic's hit rate stopped rising")
+    return out
+
+
+def _replayed_rate(replay: PrefixReplay, shape: str, trace: W.Trace) -> float:
+    """The prefix cache's hit rate (segments reused) over a round, from its client-side replay."""
+    reused = sum(replay.request(shape, r) for r in trace.requests)
+    return reused / max(1, sum(len(r.doc_ids) for r in trace.requests))
 
 
 def closed_loop(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> dict:
@@ -198,6 +221,13 @@ def parse_args(argv=None):
                     help="prefill modes to run (full and prefix at least: the SLO and the baselines; "
                          "the ratios need hypic too)")
     ap.add_argument("--no-plots", action="store_true", help="write the JSON only")
+    ap.add_argument("--steady", action="store_true", help="warm up in rounds until hypic's segment hit rate "
+                    "stops rising (bench/steady.py) instead of one --n-warm trace; the curve goes in the JSON")
+    ap.add_argument("--steady-round", type=int, default=8, help="requests per steady warm-up round")
+    ap.add_argument("--steady-eps", type=float, default=0.02, help="a round's hit rate rises if it beats the "
+                    "best before it by more than this")
+    ap.add_argument("--steady-patience", type=int, default=2, help="rounds without a rise that end the warm-up")
+    ap.add_argument("--steady-max-rounds", type=int, default=12)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--rate-window", type=float, default=15.0,
@@ -242,6 +272,13 @@ def settle_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argpar
     if not {"full", "prefix"} <= set(args.modes):  # without hypic: the baselines side by side, no ratios
         ap.error("--modes must include full and prefix")
     args.modes = [m for m in MODES if m in args.modes]
+    if args.steady:
+        if "hypic" not in args.modes:
+            ap.error("--steady warms up until hypic's hit rate stops rising: --modes must include hypic")
+        try:
+            SteadyRule(args.steady_round, args.steady_eps, args.steady_patience, args.steady_max_rounds)
+        except ValueError as e:
+            ap.error(f"--steady-*: {e}")
     if not args.tag and args.workload != "rag":
         args.tag = f"_{args.workload}"
     if args.quick:

@@ -58,20 +58,21 @@ def segment_states(family: str, q, k, v, *, g=None, beta=None, initial_state=Non
         scale = 1.0 if row.unit_scale else k.shape[-1] ** -0.5
     C = default_chunk_size(family, q.device)
     B, T = k.shape[:2]
-    # the padded position of every real token, and the padded end of every segment
-    lengths = torch.diff(torch.tensor([0, *ends]))
-    padded = (lengths + C - 1) // C * C
-    seg_of = torch.repeat_interleave(torch.arange(len(ends)), lengths)
-    shift = (torch.cumsum(padded, 0) - torch.cumsum(lengths, 0))  # padding before segment j's end
-    pos = torch.arange(T) + torch.cat([torch.zeros(1, dtype=shift.dtype), shift[:-1]])[seg_of]
-    pos = pos.to(q.device)
-    Tp = int(padded.sum())
+    # every segment's real start, padded start, length and padded length
+    pieces, a, b = [], 0, 0
+    for e in ends:
+        n = e - a
+        pieces.append((a, b, n, -(-n // C) * C))
+        a, b = e, b + pieces[-1][3]
+    Tp = b
 
-    def spread(x):  # [B, T, ...] -> [B, Tp, ...], zeros at the padding
+    def spread(x):  # [B, T, ...] -> [B, Tp, ...], zeros at the padding (slice copies: an index_put costs 3x)
         if x is None:
             return None
-        out = x.new_zeros((x.shape[0], Tp) + tuple(x.shape[2:]))
-        out[:, pos] = x
+        out = x.new_empty((x.shape[0], Tp) + tuple(x.shape[2:]))
+        for a, b, n, p in pieces:
+            out[:, b:b + n] = x[:, a:a + n]
+            out[:, b + n:b + p].zero_()
         return out
 
     if g is not None and g.dim() == 1:  # a fixed decay per head: per token, so that the padding decays nothing
@@ -80,9 +81,9 @@ def segment_states(family: str, q, k, v, *, g=None, beta=None, initial_state=Non
     o, S, _ = _chunk_core(spread(q), spread(k), spread(v), spread(g), spread(beta), initial_state, scale, delta,
                           C, starts=starts)
     entering = starts[0]  # [N, B, H, K, V]: the state entering chunk n
-    chunk_at_end = (torch.cumsum(padded, 0) // C).tolist()
+    chunk_at_end = [(b + p) // C for _, b, _, p in pieces]
     states = [entering[n].clone() if n < entering.shape[0] else S for n in chunk_at_end]
-    return o[:, pos], states
+    return torch.cat([o[:, b:b + n] for _, b, n, _ in pieces], 1), states
 
 
 def _check_ends(ends: Sequence[int], T: int) -> None:

@@ -1,0 +1,81 @@
+"""Warm-up until the segment hit rate stops rising (`bench.serve --steady`).
+
+A short warm-up leaves a server's caches far from where a long-running one keeps them: with a
+Zipf-popular corpus every round of fresh requests still finds documents never seen before, fewer
+each round. A ratio measured after such a warm-up is the cold start's, not the steady state's.
+Here the warm-up runs in rounds of fresh requests (same corpus and popularity, a new seed per
+round), every cache-using mode on the same requests, and stops once hypic's hit rate has stopped
+rising: the curve (each round's hit rate) is the evidence, reported beside the results.
+
+The rule (`SteadyRule.plateaued`): stop after round k when none of the last `patience` rounds'
+hit rates is above the best of the rounds before them by more than `eps`: a rate that still rises
+round after round keeps the warm-up going, a flat (or noisy but not rising) one ends it. At most
+`max_rounds` rounds: a run that gets there says it did not reach the plateau.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from bench.driver import drive
+
+
+@dataclass(frozen=True)
+class SteadyRule:
+    round_requests: int = 8
+    eps: float = 0.02  # hit rate, absolute (0.02 = 2 points)
+    patience: int = 2
+    max_rounds: int = 12
+
+    def __post_init__(self):
+        if self.round_requests < 1 or self.patience < 1 or self.max_rounds < self.patience + 1 or self.eps < 0:
+            raise ValueError(f"bad steady-state rule {self}")
+
+    def plateaued(self, rates: list[float]) -> bool:
+        """Whether the hit rates of the rounds so far have stopped rising."""
+        if len(rates) <= self.patience:
+            return False
+        before = max(rates[:-self.patience])
+        return all(r <= before + self.eps for r in rates[-self.patience:])
+
+
+def hit_rate(recs: list[dict]) -> float | None:
+    """Cache entries hit / looked up over a round's records (the mesh's own timings)."""
+    ok = [r for r in recs if "error" not in r]
+    looked = sum(r.get("hits", 0) + r.get("misses", 0) for r in ok)
+    return sum(r.get("hits", 0) for r in ok) / looked if looked else None
+
+
+def warm_until_steady(address: str, enc, make_round: Callable[[int], object], modes: list[str],
+                      rule: SteadyRule, on_prefix: Callable[[object], float] | None = None,
+                      log: Callable[[str], None] = print, label: str = "") -> dict:
+    """Rounds of `make_round(k)` (a bench.workloads.Trace of rule.round_requests requests) in every
+    mode of `modes` (the cache-using ones, hypic among them; concurrency 2, one token each) until
+    hypic's hit rate plateaus. on_prefix(trace): the prefix cache's replayed hit rate of the round
+    (called after the prefix-mode round). Returns the curve and whether the plateau was reached."""
+    if "hypic" not in modes:
+        raise ValueError("the steady state is hypic's hit rate: --modes must include hypic")
+    curve: list[dict] = []
+    rates: list[float] = []
+    t0 = time.perf_counter()
+    for k in range(rule.max_rounds):
+        trace = make_round(k)
+        point: dict = dict(round=k + 1, requests=(k + 1) * len(trace.requests))
+        for mode in modes:
+            recs, wall = drive(address, trace.requests, mode, enc, max_tokens=1, concurrency=2)
+            errs = [r["error"] for r in recs if "error" in r]
+            if errs:
+                log(f"  steady warm-up {label} round {k + 1} {mode}: {len(errs)} errors, e.g. {errs[0]}")
+            if mode == "hypic":
+                point.update(hit_rate=hit_rate(recs), wall_s=wall, errors=len(errs))
+            elif mode == "prefix" and on_prefix is not None:
+                point["prefix_hit_rate"] = on_prefix(trace)
+        rates.append(point["hit_rate"] if point["hit_rate"] is not None else 0.0)
+        curve.append(point)
+        log(f"  steady warm-up {label} round {k + 1}: {point['requests']} requests, hypic hit rate "
+            f"{rates[-1]:.0%} ({point['wall_s']:.1f} s)")
+        if rule.plateaued(rates):
+            break
+    return dict(rule=asdict(rule), curve=curve, reached=rule.plateaued(rates), rounds=len(curve),
+                requests_per_mode=curve[-1]["requests"], wall_s=time.perf_counter() - t0)

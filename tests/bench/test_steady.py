@@ -1,0 +1,89 @@
+"""bench/steady.py, the warm-up until hypic's hit rate stops rising: the plateau rule on rising,
+flat and noisy curves, the hit rate of a round's records, and `bench.serve --steady` on a real
+mesh of the bundled model (the curve in its JSON, the caches warmer after the first round)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.steady import SteadyRule, hit_rate
+
+
+def test_a_rising_curve_keeps_warming_and_a_flat_one_stops_after_patience_rounds():
+    rule = SteadyRule(round_requests=4, eps=0.02, patience=2, max_rounds=10)
+    rising = [0.2, 0.35, 0.45, 0.52, 0.58]
+    assert not any(rule.plateaued(rising[:k]) for k in range(1, len(rising) + 1))
+    flat = [0.2, 0.5, 0.51, 0.5]  # the last two rounds are within eps of the best before them
+    assert [rule.plateaued(flat[:k]) for k in range(1, 5)] == [False, False, False, True]
+    # one round that rises by more than eps restarts the count
+    assert not rule.plateaued([0.2, 0.5, 0.51, 0.56])
+    # noise that falls below the best counts as not rising
+    assert rule.plateaued([0.3, 0.6, 0.52, 0.61])
+
+
+def test_patience_one_and_zero_eps():
+    rule = SteadyRule(patience=1, eps=0.0, max_rounds=3)
+    assert not rule.plateaued([0.4])
+    assert not rule.plateaued([0.4, 0.41])
+    assert rule.plateaued([0.4, 0.4])
+
+
+@pytest.mark.parametrize("kw", [dict(round_requests=0), dict(patience=0), dict(eps=-0.1),
+                                dict(patience=3, max_rounds=3)])
+def test_a_rule_that_could_never_end_or_never_measure_is_refused(kw):
+    with pytest.raises(ValueError):
+        SteadyRule(**kw)
+
+
+def test_hit_rate_counts_entries_looked_up_and_skips_failed_requests():
+    recs = [dict(hits=3, misses=1), dict(hits=0, misses=4), dict(error="UNAVAILABLE", hits=9, misses=0)]
+    assert hit_rate(recs) == pytest.approx(3 / 8)
+    assert hit_rate([dict(error="x")]) is None
+
+
+def test_serve_refuses_steady_without_hypic():
+    from bench import serve
+
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--steady", "--modes", "full", "prefix"])
+    with pytest.raises(SystemExit):
+        serve.parse_args(["--steady", "--steady-patience", "4", "--steady-max-rounds", "4"])
+
+
+@pytest.mark.processes
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_serve_steady_warm_up_writes_its_curve(tmp_path):
+    """`bench.serve --steady` on the agent workload: rounds of fresh requests until the hit rate
+    stops rising (or the round cap), the curve in serve_agent.json, the later rounds hitting what
+    the first built (a session's tool descriptions recur)."""
+    from bench import serve
+
+    out = serve.main(["--quick", "--workload", "agent", "--shapes", "agent", "--modes", "full", "prefix", "hypic",
+                      "--no-cold", "--no-plots", "--no-sweep", "--steady", "--steady-round", "4",
+                      "--steady-max-rounds", "4", "--out", str(tmp_path)])
+    st = out["warm_up"]["steady"]["agent"]
+    rates = [p["hit_rate"] for p in st["curve"]]
+    assert 3 <= st["rounds"] == len(rates) <= 4 and st["requests_per_mode"] == 4 * st["rounds"]
+    assert all(0.0 <= r <= 1.0 for r in rates) and max(rates[1:]) > rates[0]
+    assert all(0.0 <= p["prefix_hit_rate"] <= 1.0 and p["errors"] == 0 for p in st["curve"])
+    assert st["reached"] == SteadyRule(**st["rule"]).plateaued(rates)
+    assert out["closed"]["agent"]["modes"]["hypic"]["n"] == 4
+    saved = json.loads((tmp_path / "serve_agent.json").read_text())
+    assert saved["warm_up"]["steady"]["agent"]["curve"] == json.loads(json.dumps(st["curve"]))
+
+
+def test_the_report_gives_the_curve_and_says_when_the_cap_ended_it():
+    from bench.report_models import steady_lines, warm_label
+
+    curve = [dict(round=k + 1, requests=8 * (k + 1), hit_rate=r, prefix_hit_rate=0.05, wall_s=60.0, errors=0)
+             for k, r in enumerate([0.31, 0.55, 0.62])]
+    st = dict(rule=dict(round_requests=8, eps=0.02, patience=2, max_rounds=3), curve=curve, reached=False,
+              rounds=3, requests_per_mode=24, wall_s=180.0)
+    text = " ".join(steady_lines(st))
+    assert "8: 31%, 16: 55%, 24: 62%" in text and "still rising" in text
+    assert warm_label(dict(warm_up=dict(steady=dict(rag=st)))) == "capped warm-up"
+    st.update(reached=True)
+    assert "stopped rising after 3 rounds" in " ".join(steady_lines(st))
+    assert steady_lines(None) == [] and warm_label({}) == "short warm-up"
