@@ -97,4 +97,24 @@ def workloads_section(runs: dict[str, dict]) -> list[str]:
             f"the end: {loads}); each workload's modes ran side by side on "
             "the same requests, so compare within a row. With this few requests per point a p99 is close to "
             "the maximum and a QPS bracket moves between runs.", ""]
-    return out
+    return out + slower_lines(runs)
+
+
+def slower_lines(runs: dict[str, dict]) -> list[str]:
+    """Where hypic's closed-loop TTFT p50 is above the best baseline's, why: the prompt costs less to
+    recompute than hypic's fixed work per request (the anatomy section breaks that work down)."""
+    slow = []
+    for w, s in runs.items():
+        best = vs_best(s).get("ttft_p50")
+        if best and best["ratio"] < 1:
+            tr = s["closed"][w]["trace"]
+            slow.append(f"{w}: {tr['prompt_tokens_mean']:.0f} tokens in {tr['segments_mean']:.1f} segments, "
+                        f"hypic {ms(best['hypic'])} ms against {ms(best['value'])} ms")
+    if not slow:
+        return []
+    return [f"Where hypic's TTFT is above the best baseline's ({'; '.join(slow)}), the whole prompt costs "
+            "this model less to recompute than hypic's fixed work per request: the router's lookup, a read, "
+            "seal check and parse per entry, and a composition pass whose per-call cost is above that of its "
+            "few seam and query tokens run as one plain forward (the warm path's anatomy below measures each). "
+            "That work does not grow with the model's compute per token, so a larger model wins on shorter "
+            "prompts: the mid-size model's section.", ""]

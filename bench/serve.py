@@ -224,9 +224,9 @@ def parse_args(argv=None):
     ap.add_argument("--steady", action="store_true", help="warm up in rounds until hypic's segment hit rate "
                     "stops rising (bench/steady.py) instead of one --n-warm trace; the curve goes in the JSON")
     ap.add_argument("--steady-round", type=int, default=8, help="requests per steady warm-up round")
-    ap.add_argument("--steady-eps", type=float, default=0.02, help="a round's hit rate rises if it beats the "
-                    "best before it by more than this")
-    ap.add_argument("--steady-patience", type=int, default=2, help="rounds without a rise that end the warm-up")
+    ap.add_argument("--steady-eps", type=float, default=0.02, help="the hit rate still rises while the mean of "
+                    "the last --steady-patience rounds beats the mean of those before them by more than this")
+    ap.add_argument("--steady-patience", type=int, default=2, help="rounds per mean compared")
     ap.add_argument("--steady-max-rounds", type=int, default=12)
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=8)

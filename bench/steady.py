@@ -7,10 +7,12 @@ Here the warm-up runs in rounds of fresh requests (same corpus and popularity, a
 round), every cache-using mode on the same requests, and stops once hypic's hit rate has stopped
 rising: the curve (each round's hit rate) is the evidence, reported beside the results.
 
-The rule (`SteadyRule.plateaued`): stop after round k when none of the last `patience` rounds'
-hit rates is above the best of the rounds before them by more than `eps`: a rate that still rises
-round after round keeps the warm-up going, a flat (or noisy but not rising) one ends it. At most
-`max_rounds` rounds: a run that gets there says it did not reach the plateau.
+The rule (`SteadyRule.plateaued`): stop after round k when the mean hit rate of the last
+`patience` rounds is not above the mean of the `patience` rounds before them by more than `eps`.
+A round's rate is noisy (a few dozen lookups); comparing means of rounds, not a round against the
+best one before it (a maximum of noisy values, biased high), keeps noise from ending the warm-up
+while the rate still rises. At most `max_rounds` rounds: a run that gets there says it did not
+reach the plateau.
 """
 from __future__ import annotations
 
@@ -29,15 +31,15 @@ class SteadyRule:
     max_rounds: int = 12
 
     def __post_init__(self):
-        if self.round_requests < 1 or self.patience < 1 or self.max_rounds < self.patience + 1 or self.eps < 0:
+        if self.round_requests < 1 or self.patience < 1 or self.max_rounds < 2 * self.patience or self.eps < 0:
             raise ValueError(f"bad steady-state rule {self}")
 
     def plateaued(self, rates: list[float]) -> bool:
         """Whether the hit rates of the rounds so far have stopped rising."""
-        if len(rates) <= self.patience:
+        p = self.patience
+        if len(rates) < 2 * p:
             return False
-        before = max(rates[:-self.patience])
-        return all(r <= before + self.eps for r in rates[-self.patience:])
+        return sum(rates[-p:]) / p <= sum(rates[-2 * p:-p]) / p + self.eps
 
 
 def hit_rate(recs: list[dict]) -> float | None:

@@ -53,3 +53,12 @@ def test_the_section_reads_the_runs_in_the_workloads_order(tmp_path):
     assert R.ladders(runs) == "0.5, 1, 2"
     runs["fewshot"]["params"] = {**PARAMS, "rates_x": [0.25, 0.5]}
     assert R.ladders(runs) == "0.5, 1, 2 (rag); 0.25, 0.5 (fewshot)"
+
+
+def test_a_workload_where_hypic_is_slower_is_named_with_its_prompt_and_both_times():
+    fast = run("rag", p50=dict(full=1.0, prefix=1.2, hypic=0.5), qps=dict(full=1.0, prefix=0.8, hypic=2.0))
+    slow = run("chat", p50=dict(full=0.022, prefix=0.014, hypic=0.038), qps=dict(full=11.0, prefix=24.0, hypic=2.0))
+    assert R.slower_lines({"rag": fast}) == []
+    text = " ".join(R.slower_lines({"rag": fast, "chat": slow}))
+    assert "chat: 1800 tokens in 4.5 segments, hypic 38 ms against 14 ms" in text and "rag:" not in text
+    assert " ".join(R.workloads_section({"rag": fast, "chat": slow})).endswith(text)
