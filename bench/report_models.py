@@ -70,6 +70,35 @@ def random_section(rnd: dict) -> list[str]:
     return out + [""]
 
 
+def random_shapes_section(rs: dict | None) -> list[str]:
+    """The five workloads' closed loops on the mid-size model (serve_random_shapes.json: one bench.serve
+    run with every shape and no sweep): TTFT p50 per mode and hypic against the best baseline."""
+    if not rs:
+        return []
+    per_shape = vs_best(rs).get("ttft_p50_per_shape", {})
+    out = ["#### The five workloads on the mid-size model (closed loop)", "",
+           f"`{command(rs)}` wrote `bench/results/serve_random_shapes.json` in {rs['wall_s'] / 60:.1f} min: the "
+           f"same model and mesh, every workload's closed loop after its warm-up ({warm_text(rs)}), no QPS "
+           f"sweep (a sweep per workload on this model is hours on this machine); {machine_load(rs['machine'])}.",
+           "", "| workload (segments, tokens per prompt) | TTFT p50 (ms) full / prefix / hypic | hypic hit rate | "
+           "TTFT p50, hypic vs the best baseline |", "|---|---:|---:|---|"]
+    for shape, d in rs["closed"].items():
+        modes, tr = d["modes"], d["trace"]
+        p50 = " / ".join(ms(modes[m]["ttft_p50_s"]) if m in modes else "—" for m in ("full", "prefix", "hypic"))
+        hit = pct(modes["hypic"]["hit_rate"]) if "hypic" in modes else "—"
+        out.append(f"| {shape} ({tr['segments_mean']:.1f} segs, {tr['prompt_tokens_mean']:.0f} tok) | {p50} | "
+                   f"{hit} | {named(per_shape.get(shape))} |")
+    return out + [""]
+
+
+def warm_text(rs: dict) -> str:
+    st = rs.get("warm_up", {}).get("steady")
+    if st:
+        return "rounds until hypic's hit rate stopped rising: " + ", ".join(
+            f"{w} {v['rounds']} rounds{'' if v['reached'] else ' (capped)'}" for w, v in st.items())
+    return "; ".join(f"{w} {n} requests" for w, n in rs.get("warm_up", {}).get("requests", {}).items())
+
+
 def steady_lines(st: dict | None) -> list[str]:
     """The steady warm-up's curve (bench/steady.py), when the run warmed up that way."""
     if not st:
