@@ -55,7 +55,10 @@ def mesh_anatomy(model: Path, segs, query, reps: int, nixl: bool, floor: "Floor"
     flags = [] if nixl else ["--no-nixl"]
     with tempfile.TemporaryDirectory(prefix="hypic-anatomy-") as d, \
             Mesh(model, d, n_scatter=1, threads=1, start_timeout_s=600,
-                 extra_args={"segcache": flags, "combine": flags}) as mesh:
+                 extra_args={"segcache": flags, "combine": flags,
+                             # the request may be longer than the router's default budget (8 x 512 + 16)
+                             "router": ["--max-prompt-tokens", str(max(4096, sum(map(len, segs)) + len(query)))]}
+                 ) as mesh:
         with hypic.Client(mesh.router_address, timeout=600) as client:
             t = time.perf_counter()
             cold = client.generate(segs, query, max_tokens=1, stream=False)
