@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 from bench import results_json
-from bench.report_baseline import named, vs_best
+from bench.report_baseline import named, named_qps, vs_best
 from bench.report_cut import cut_section, load_cut
 from bench.report_cold import closing_rows_replay, replay_section, simulated_section
-from bench.report_format import (PAPER, PUBLISHED, command, machine_load, ms, pct, sec, short_name, split_sentence,
-                                 tiers, times)
+from bench.report_format import (PAPER, PUBLISHED, command, machine_load, machine_words, ms, pct, sec, short_name,
+                                 split_sentence, tiers, times)
 from bench.report_models import anatomy_section, closing_rows_random, random_section, random_shapes_section
 from bench.report_workloads import load_workloads, workloads_section
 from common.engine.modes import LABELS, MODES
@@ -74,9 +74,8 @@ def setup_section(serve: dict, rnd: dict | None, anatomy: dict | None, replay: d
         f"{'/'.join('L' if t == 'linear_attention' else 'F' for t in serve['layer_types'] or [])}), "
         f"segments sent as {serve['payload']}. The mesh ran as processes on this machine: segcache, "
         f"{mach['n_scatter']} scatter, {mach['n_combine']} combine, router, torch threads = 1 per process, on "
-        f"{mach['cpus']} CPU cores shared with other jobs: {machine_load(mach)}. Absolute times are this "
-        "loaded CPU's and inflated by it; the ratios, from modes run side by side on the same requests, "
-        "are the point.",
+        f"{mach['cpus']} CPU cores {machine_words(mach)[0]}: {machine_load(mach)}. {machine_words(mach)[1]}; "
+        "the ratios, from modes run side by side on the same requests, are the point.",
         f"- RAG: a corpus of {wl['corpus_docs']} documents of {wl['doc_tokens'][0]}–{wl['doc_tokens'][1]} tokens "
         f"(log-uniform; {wl['corpus_tokens']:,} tokens in all) in the quality tasks' language; each request draws "
         f"k = {wl['k'][0]}–{wl['k'][1]} documents with Zipf popularity (s = {wl['zipf_s']:g}) in random order, "
@@ -157,7 +156,7 @@ def sweep_section(sw: dict, p: dict) -> list[str]:
         out.append(f"| {LABELS[mode]} | " + " | ".join(cells) +
                    f" | {d['interpolated_qps']:.3f}{lb} | {d['measured_qps']:.3f} |")
     out += ["", "Cells: p90 TTFT (ms) at that rate, ✓ meets the SLO, ✗ misses it; empty: not run. A p90 over "
-            f"{p['n_rate_min']} or a few tens of requests on a machine shared with other jobs is noisy (curves need not be monotonic); "
+            f"{p['n_rate_min']} or a few tens of requests on this machine is noisy (curves need not be monotonic); "
             "the brackets of full recompute and prefix cache, a few tenths of a req/s apart, move between "
             "runs, and so does the ratio."]
     failed = [(m, x) for m in MODES for x in sw["modes"][m]["points"] if x.get("errors")]
@@ -221,7 +220,7 @@ def closing_section(serve: dict, rnd: dict | None, anatomy: dict | None, replay:
            f"{PUBLISHED['ttft_p50']}× (2.77–4.05×) |"]
     if "qps_at_slo" in best:
         out.append(f"| hypic vs the best baseline, QPS at SLO (p90 TTFT ≤ {h['slo_s']:.2f} s) | "
-                   f"{named(best['qps_at_slo'])} | {PUBLISHED['qps']}× (1 s SLO) |")
+                   f"{named_qps(serve, best['qps_at_slo'])} | {PUBLISHED['qps']}× (1 s SLO) |")
     if "cold_speedup_m2" in h:
         out.append(f"| cold speedup, m = 2 (measured) | {times(h['cold_speedup_m2'])} | — |")
     if replay:
@@ -279,14 +278,14 @@ def readme_section(serve: dict, cold: dict | None, rnd: dict | None = None, anat
             f"{PUBLISHED['ttft_p50']}× |"]
     if "qps_at_slo" in best:
         rows.append(f"| QPS at SLO (p90 TTFT ≤ {h['slo_s']:.1f} s), hypic vs the best baseline (RAG, bundled model) | "
-                    f"{named(best['qps_at_slo'])} | {PUBLISHED['qps']}× (1 s SLO) |")
+                    f"{named_qps(serve, best['qps_at_slo'])} | {PUBLISHED['qps']}× (1 s SLO) |")
     if rnd:
         hr, br = rnd["headline"], vs_best(rnd)
         rows.append(f"| TTFT p50, hypic vs the best baseline (RAG, mid-size random-weight model) | "
                     f"{named(br.get('ttft_p50'))} | {PUBLISHED['ttft_p50']}× |")
         if "qps_at_slo" in br:
             rows.append(f"| QPS at SLO (p90 TTFT ≤ {hr['slo_s']:.1f} s), hypic vs the best baseline (RAG, mid-size "
-                        f"random-weight model) | {named(br['qps_at_slo'])} | "
+                        f"random-weight model) | {named_qps(rnd, br['qps_at_slo'])} | "
                         f"{PUBLISHED['qps']}× (1 s SLO) |")
     if replay:
         top = max(r["m"] for r in replay["rows"])

@@ -73,3 +73,12 @@ def named(e: dict | None) -> str:
     if not e or e.get("ratio") is None:
         return "—"
     return f"{e['ratio']:.2f}× vs {'full recompute' if e['baseline'] == 'full' else 'prefix cache'}"
+
+
+def named_qps(serve: dict, e: dict | None) -> str:
+    """named() of a QPS-at-SLO entry, '≥ ' first when hypic met the SLO at every rate it ran (its QPS,
+    and so the ratio, is then a lower bound)."""
+    sw = serve.get("sweep") or {}
+    lower = sw.get("modes", {}).get("hypic", {}).get("lower_bound", False)
+    text = named(e)
+    return f"≥ {text}" if lower and text != "—" else text

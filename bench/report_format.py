@@ -51,6 +51,14 @@ def machine_load(mach: dict) -> str:
             f"(1-minute averages; {mach['cpus']:.0f} = one runnable job per core)")
 
 
+def machine_words(mach: dict) -> tuple[str, str]:
+    """(how the cores were shared, what that does to absolute times), from the run's 1-minute load
+    averages: a run whose load stayed at or under one runnable job per core had the machine to itself."""
+    if max(mach["loadavg_start"][0], mach["loadavg_end"][0]) <= mach["cpus"]:
+        return "with no other jobs of note", "Absolute times are this CPU's"
+    return "shared with other jobs", "Absolute times are this loaded CPU's and inflated by it"
+
+
 def short_name(row: dict) -> str:
     """A model's name in a table cell: the bundled model's, or "mid-size random model" (the label
     says what it is where the section introduces it)."""

@@ -2,7 +2,7 @@
 (serve_random.json) and the warm path against its floor (anatomy.json)."""
 from __future__ import annotations
 
-from bench.report_baseline import named, vs_best
+from bench.report_baseline import named, named_qps, vs_best
 from bench.report_format import (PUBLISHED, command, hit_split, machine_load, ms, pct, ratio, short_name, tiers,
                                  times)
 from common.engine.modes import LABELS, MODES
@@ -48,7 +48,7 @@ def random_section(rnd: dict) -> list[str]:
         out[-1] += (f"; QPS at SLO (p90 TTFT ≤ {sw['slo_s']:.1f} s = {sw['slo_x_full_p50']:g} × full recompute's "
                     f"p50, rate ladder {', '.join(f'{x:g}' for x in sw['rates_x'])} × its service rate "
                     f"{sw['full_service_rate_rps']:.3f} req/s, {min(sw['n_per_rate'])}–{max(sw['n_per_rate'])} "
-                    f"requests a point) **{named(vb.get('qps_at_slo'))}** "
+                    f"requests a point) **{named_qps(rnd, vb.get('qps_at_slo'))}** "
                     f"(aim ≥ 2×; the HYPIC paper {PUBLISHED['qps']}×)"
                     + (", a lower bound: hypic met the SLO at every rate of the ladder"
                        if sw["modes"]["hypic"]["lower_bound"] else ""))
@@ -78,7 +78,8 @@ def random_shapes_section(rs: dict | None) -> list[str]:
     per_shape = vs_best(rs).get("ttft_p50_per_shape", {})
     out = ["#### The five workloads on the mid-size model (closed loop)", "",
            f"`{command(rs)}` wrote `bench/results/serve_random_shapes.json` in {rs['wall_s'] / 60:.1f} min: the "
-           f"same model and mesh, every workload's closed loop after its warm-up ({warm_text(rs)}), no QPS "
+           f"same model and mesh, every workload's closed loop after its warm-up ({warm_text(rs)}"
+           f"{'' if rs.get('warm_up', {}).get('steady') else ': a young server’s hit rates, below a steady state’s'}), no QPS "
            f"sweep (a sweep per workload on this model is hours on this machine); {machine_load(rs['machine'])}.",
            "", "| workload (segments, tokens per prompt) | TTFT p50 (ms) full / prefix / hypic | hypic hit rate | "
            "TTFT p50, hypic vs the best baseline |", "|---|---:|---:|---|"]
@@ -171,5 +172,5 @@ def closing_rows_random(rnd: dict) -> list[str]:
             f"{named(best.get('ttft_p50'))} | {PUBLISHED['ttft_p50']}× (aim ≥ 4×) |"]
     if "qps_at_slo" in best:
         rows.append(f"| hypic vs the best baseline, QPS at SLO (p90 TTFT ≤ {h['slo_s']:.1f} s), mid-size random-weight "
-                    f"model | {named(best['qps_at_slo'])} | {PUBLISHED['qps']}× (aim ≥ 2×) |")
+                    f"model | {named_qps(rnd, best['qps_at_slo'])} | {PUBLISHED['qps']}× (aim ≥ 2×) |")
     return rows

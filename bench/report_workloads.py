@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench import results_json
-from bench.report_baseline import named, vs_best
-from bench.report_format import command, ms, pct
+from bench.report_baseline import named, named_qps, vs_best
+from bench.report_format import command, machine_words, ms, pct
 from bench.workloads import SHAPES
 
 MODES3 = ("full", "prefix", "hypic")  # what each workload run compares (--modes)
@@ -44,7 +44,7 @@ def workload_row(w: str, s: dict) -> str:
     return (f"| {w} ({tr['segments_mean']:.1f} segs, {tr['prompt_tokens_mean']:.0f} tok) | "
             f"{_slash(ms(modes[m]['ttft_p50_s']) for m in MODES3)} | {_slash(ms(modes[m]['ttft_p99_s']) for m in MODES3)} | "
             f"{slo} | {qps} | {hits} | {pct(modes['prefix']['hit_rate'])} | "
-            f"{named(best.get('ttft_p50'))} | {named(best.get('qps_at_slo'))} |")
+            f"{named(best.get('ttft_p50'))} | {named_qps(s, best.get('qps_at_slo'))} |")
 
 
 def ladders(runs: dict[str, dict]) -> str:
@@ -93,11 +93,17 @@ def workloads_section(runs: dict[str, dict]) -> list[str]:
             "cut length counts as its pieces), from the mesh's own timings (every tier); the prefix cache's are "
             "of segments, from the client-side replay of its cache. A QPS at the SLO below the ladder's lowest "
             "rate is interpolated between the closed loop (rate 0) and that rate, which it missed. The runs were one after the other on "
-            f"{first['machine']['cpus']} CPU cores shared with other jobs (1-minute load average at the start → "
+            f"{first['machine']['cpus']} CPU cores {loaded(runs)} (1-minute load average at the start → "
             f"the end: {loads}); each workload's modes ran side by side on "
             "the same requests, so compare within a row. With this few requests per point a p99 is close to "
             "the maximum and a QPS bracket moves between runs.", ""]
     return out + slower_lines(runs)
+
+
+def loaded(runs: dict[str, dict]) -> str:
+    """How the runs shared the machine: alone unless one's load average went over its cores."""
+    return ("with no other jobs of note" if all(machine_words(s["machine"])[0] == "with no other jobs of note"
+                                                for s in runs.values()) else "shared with other jobs")
 
 
 def slower_lines(runs: dict[str, dict]) -> list[str]:
@@ -112,8 +118,8 @@ def slower_lines(runs: dict[str, dict]) -> list[str]:
                         f"hypic {ms(best['hypic'])} ms against {ms(best['value'])} ms")
     if not slow:
         return []
-    return [f"Where hypic's TTFT is above the best baseline's ({'; '.join(slow)}), the whole prompt costs "
-            "this model less to recompute than hypic's fixed work per request: the router's lookup, a read, "
+    return [f"Where hypic's TTFT is above the best baseline's ({'; '.join(slow)}), what the baseline recomputes "
+            "costs this model less than hypic's fixed work per request: the router's lookup, a read, "
             "seal check and parse per entry, and a composition pass whose per-call cost is above that of its "
             "few seam and query tokens run as one plain forward (the warm path's anatomy below measures each). "
             "That work does not grow with the model's compute per token, so a larger model wins on shorter "

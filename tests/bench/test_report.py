@@ -13,7 +13,8 @@ import pytest
 
 from bench import cold_model as C
 from bench import report
-from bench.report_baseline import named, vs_best
+from bench.report_baseline import named, named_qps, vs_best
+from bench.report_format import machine_words
 from bench.random_model import RANDOM_LABEL
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
@@ -32,7 +33,7 @@ def test_readme_section_is_the_headline_table_and_links_the_full_results() -> No
     assert report.PAPER in section and "HYPIC: Accelerating Hybrid-Attention LLM Serving" in report.PAPER
     bundled = named(vs_best(serve)["ttft_p50"])
     assert f"| TTFT p50, hypic vs the best baseline (RAG, bundled model) | {bundled} | 3.25× |" in section
-    assert "QPS at SLO (p90 TTFT ≤ 7.4 s), hypic vs the best baseline (RAG, bundled model) | " \
+    assert f"QPS at SLO (p90 TTFT ≤ {serve['sweep']['slo_s']:.1f} s), hypic vs the best baseline (RAG, bundled model) | " \
         f"{named(vs_best(serve)['qps_at_slo'])} |" in section
     for row in anatomy["models"]:
         assert f"| {row['ttft_over_floor']:.2f}× |" in section
@@ -50,11 +51,18 @@ def test_section_shows_both_models_ratios() -> None:
     assert (f"| hypic vs the best baseline, TTFT p50 (RAG), mid-size random-weight model | "
             f"{named(mid['ttft_p50'])} |") in section
     if "qps_at_slo" in mid:
-        assert f"mid-size random-weight model | {named(mid['qps_at_slo'])} |" in section
+        assert f"mid-size random-weight model | {named_qps(rnd, mid['qps_at_slo'])} |" in section
     assert "vs full recompute" in section and "vs prefix cache" in section  # both won somewhere
     for row in anatomy["models"]:
         assert f"{row['ttft_over_floor']:.2f}×" in section
-    assert "loaded CPU" in section  # the README says the machine was loaded
+    assert machine_words(serve["machine"])[1] in section  # how loaded the machine was, from its load averages
+
+
+def test_the_machine_is_called_loaded_only_when_its_load_went_over_its_cores() -> None:
+    idle = dict(cpus=2, loadavg_start=[0.9, 1.0, 1.0], loadavg_end=[2.0, 1.5, 1.2])
+    busy = dict(idle, loadavg_end=[8.7, 5.0, 3.0])
+    assert machine_words(idle) == ("with no other jobs of note", "Absolute times are this CPU's")
+    assert "loaded" in machine_words(busy)[1] and machine_words(busy)[0] == "shared with other jobs"
 
 
 def test_optional_results_are_left_out_when_absent(tmp_path: Path) -> None:
