@@ -41,7 +41,6 @@ config) over the prefix-mode requests in the order they were sent.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -52,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import remote
+from bench import remote, results_json
 from bench import trace as TR
 from bench import workloads as W
 from bench.cold_mesh import ColdParams, cold_path
@@ -390,7 +389,7 @@ def write_results(args, serve: dict, cold: dict | None) -> None:
     """serve<tag>.json and its figures, cold<tag>.json and its figure, and the closing note."""
     args.out.mkdir(parents=True, exist_ok=True)
     tag, sweep = args.tag, serve["sweep"]
-    (args.out / f"serve{tag}.json").write_text(json.dumps(serve, indent=1, default=json_default))
+    (args.out / f"serve{tag}.json").write_text(results_json.dumps(serve, default=json_default))
     if not args.no_plots:
         plot_cdf(serve["closed"], args.out / f"serve{tag}_ttft_cdf.png")
     if sweep and not args.no_plots:
@@ -398,7 +397,7 @@ def write_results(args, serve: dict, cold: dict | None) -> None:
     if cold:
         cold["command"] = serve["command"]
         cold["model"] = serve["model"]
-        (args.out / f"cold{tag}.json").write_text(json.dumps(cold, indent=1, default=json_default))
+        (args.out / f"cold{tag}.json").write_text(results_json.dumps(cold, default=json_default))
         plot_cold(cold, args.out / f"cold{tag}.png")
     wall, phases = serve["wall_s"], serve["phases_s"]
     print_closing(serve["headline"], wall)
