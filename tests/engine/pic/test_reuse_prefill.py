@@ -109,7 +109,10 @@ def test_one_pass_over_segments_equals_a_forward_per_segment(engine, fresh_seed,
                         continue
                     assert x.shape == y.shape
                     if y.numel():  # MLA latents keep zero-width values
-                        assert (x - y).abs().max() <= 1e-5 * max(1.0, y.abs().max())
+                        # norm-relative, as every state comparison here (tests/engine/pic/test_compose_runs.py):
+                        # a largest-element bound failed on round-off, 2.9e-5 at |y| 1.9 (seed 226413552)
+                        err = (x.double() - y.double()).norm() / y.double().norm().clamp_min(1e-30)
+                        assert err <= 1e-5, (j, float(err))
 
 
 def test_entry_bytes_are_deterministic_and_round_trip(engine, fresh_seed, tmp_path):
