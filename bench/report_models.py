@@ -107,7 +107,8 @@ def steady_lines(st: dict | None) -> list[str]:
     rule, curve = st["rule"], st["curve"]
     pts = ", ".join(f"{p['requests']}: {pct(p['hit_rate'])}" for p in curve)
     pfx = ", ".join(pct(p.get("prefix_hit_rate")) for p in curve)
-    end = (f"it stopped rising after {st['rounds']} rounds (the last {rule['patience']} above the {rule['patience']} "
+    cap = " (the cap)" if st["rounds"] == rule["max_rounds"] else ""
+    end = (f"it stopped rising after {st['rounds']} rounds{cap} (the last {rule['patience']} above the {rule['patience']} "
            f"before them by {rule['eps'] * 100:g} points or less, on average)" if st["reached"] else
            f"**it was still rising** when the cap of {rule['max_rounds']} rounds ended the warm-up: the figures "
            "below are not the steady state's")

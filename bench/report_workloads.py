@@ -122,5 +122,5 @@ def slower_lines(runs: dict[str, dict]) -> list[str]:
             "costs this model less than hypic's fixed work per request: the router's lookup, a read, "
             "seal check and parse per entry, and a composition pass whose per-call cost is above that of its "
             "few seam and query tokens run as one plain forward (the warm path's anatomy below measures each). "
-            "That work does not grow with the model's compute per token, so a larger model wins on shorter "
-            "prompts: the mid-size model's section.", ""]
+            "That work grows far more slowly with the model than a prefill does, so a larger model wins on "
+            "shorter prompts: the mid-size model's section.", ""]

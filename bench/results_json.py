@@ -6,9 +6,9 @@ keys "naive", "naive_s"; "naive" in a "modes" list). `load` renames those to tod
 names and nothing is regenerated for the rename.
 
 Writing (`dumps`): indented like json.dumps(indent=1), except that a list of numbers is one line
-and a list of objects of numbers, strings and such lists or objects (per-request records) is
-one object a line. With one field a line, a
-serving run's thousands of records made serve.json ~10x the size, and its diffs unreadable.
+and a list of objects of numbers, strings and such lists or objects (per-request records) is one
+object a line: a serving run's thousands of records then read a line each in a diff, and
+serve.json is two thirds of its size with one field a line (574 against 851 KB).
 """
 from __future__ import annotations
 

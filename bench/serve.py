@@ -90,7 +90,8 @@ def warm_up(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> d
                                                                             seed=args.seed * 1000 + 500 + k),
                 [m for m in args.modes if m in CACHED_MODES], SteadyRule(args.steady_round, args.steady_eps,
                                                                           args.steady_patience, args.steady_max_rounds),
-                on_prefix=lambda tr, shape=shape: _replayed_rate(replay, shape, tr), log=log, label=shape)
+                replay_prefix=lambda tr, shape=shape: [replay.request(shape, r) for r in tr.requests],
+                log=log, label=shape)
             counts[shape] = steady[shape]["requests_per_mode"]
             continue
         for mode in (m for m in args.modes if m in CACHED_MODES):
@@ -116,11 +117,6 @@ def warm_up(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> d
                    "every cache-using mode at concurrency 2, max_tokens 1, until hypic's hit rate stopped rising")
     return out
 
-
-def _replayed_rate(replay: PrefixReplay, shape: str, trace: W.Trace) -> float:
-    """The prefix cache's hit rate (segments reused) over a round, from its client-side replay."""
-    reused = sum(replay.request(shape, r) for r in trace.requests)
-    return reused / max(1, sum(len(r.doc_ids) for r in trace.requests))
 
 
 def closed_loop(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> dict:

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from bench.driver import drive
+from bench.driver import drive, summarize
 
 
 @dataclass(frozen=True)
@@ -42,20 +42,15 @@ class SteadyRule:
         return sum(rates[-p:]) / p <= sum(rates[-2 * p:-p]) / p + self.eps
 
 
-def hit_rate(recs: list[dict]) -> float | None:
-    """Cache entries hit / looked up over a round's records (the mesh's own timings)."""
-    ok = [r for r in recs if "error" not in r]
-    looked = sum(r.get("hits", 0) + r.get("misses", 0) for r in ok)
-    return sum(r.get("hits", 0) for r in ok) / looked if looked else None
-
-
 def warm_until_steady(address: str, enc, make_round: Callable[[int], object], modes: list[str],
-                      rule: SteadyRule, on_prefix: Callable[[object], float] | None = None,
+                      rule: SteadyRule, replay_prefix: Callable[[object], list[int]] | None = None,
                       log: Callable[[str], None] = print, label: str = "") -> dict:
     """Rounds of `make_round(k)` (a bench.workloads.Trace of rule.round_requests requests) in every
     mode of `modes` (the cache-using ones, hypic among them; concurrency 2, one token each) until
-    hypic's hit rate plateaus. on_prefix(trace): the prefix cache's replayed hit rate of the round
-    (called after the prefix-mode round). Returns the curve and whether the plateau was reached."""
+    hypic's hit rate plateaus: its rate and tiers as bench.driver.summarize counts them.
+    replay_prefix(trace): the segments each request of the round reuses from the prefix cache
+    (its client-side replay, called after the prefix-mode round). Returns the curve and whether the
+    plateau was reached."""
     if "hypic" not in modes:
         raise ValueError("the steady state is hypic's hit rate: --modes must include hypic")
     curve: list[dict] = []
@@ -70,9 +65,10 @@ def warm_until_steady(address: str, enc, make_round: Callable[[int], object], mo
             if errs:
                 log(f"  steady warm-up {label} round {k + 1} {mode}: {len(errs)} errors, e.g. {errs[0]}")
             if mode == "hypic":
-                point.update(hit_rate=hit_rate(recs), wall_s=wall, errors=len(errs))
-            elif mode == "prefix" and on_prefix is not None:
-                point["prefix_hit_rate"] = on_prefix(trace)
+                s = summarize(recs, wall)
+                point.update(hit_rate=s["hit_rate"], hits_by_tier=s["hits_by_tier"], wall_s=wall, errors=len(errs))
+            elif mode == "prefix" and replay_prefix is not None:
+                point["prefix_hit_rate"] = summarize(recs, wall, prefix_reused=replay_prefix(trace))["hit_rate"]
         rates.append(point["hit_rate"] if point["hit_rate"] is not None else 0.0)
         curve.append(point)
         log(f"  steady warm-up {label} round {k + 1}: {point['requests']} requests, hypic hit rate "

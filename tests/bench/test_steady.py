@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.steady import SteadyRule, hit_rate
+from bench.steady import SteadyRule
 
 
 def test_a_rising_curve_keeps_warming_and_a_flat_one_stops():
@@ -42,12 +42,6 @@ def test_a_rule_that_could_never_end_or_never_measure_is_refused(kw):
         SteadyRule(**kw)
 
 
-def test_hit_rate_counts_entries_looked_up_and_skips_failed_requests():
-    recs = [dict(hits=3, misses=1), dict(hits=0, misses=4), dict(error="UNAVAILABLE", hits=9, misses=0)]
-    assert hit_rate(recs) == pytest.approx(3 / 8)
-    assert hit_rate([dict(error="x")]) is None
-
-
 def test_serve_refuses_steady_without_hypic():
     from bench import serve
 
@@ -74,6 +68,8 @@ def test_serve_steady_warm_up_writes_its_curve(tmp_path):
     assert 2 <= st["rounds"] == len(rates) <= 4 and st["requests_per_mode"] == 4 * st["rounds"]
     assert all(0.0 <= r <= 1.0 for r in rates) and max(rates[1:]) > rates[0]
     assert all(0.0 <= p["prefix_hit_rate"] <= 1.0 and p["errors"] == 0 for p in st["curve"])
+    # the round's hits split by tier, as the closed loop's (bench.driver.summarize)
+    assert all(sum(p["hits_by_tier"].values()) == pytest.approx(p["hit_rate"]) for p in st["curve"] if p["hit_rate"])
     assert st["reached"] == SteadyRule(**st["rule"]).plateaued(rates)
     assert out["closed"]["agent"]["modes"]["hypic"]["n"] == 4
     saved = json.loads((tmp_path / "serve_agent.json").read_text())
@@ -91,5 +87,7 @@ def test_the_report_gives_the_curve_and_says_when_the_cap_ended_it():
     assert "8: 31%, 16: 55%, 24: 62%" in text and "still rising" in text
     assert warm_label(dict(warm_up=dict(steady=dict(rag=st)))) == "capped warm-up"
     st.update(reached=True)
-    assert "stopped rising after 3 rounds" in " ".join(steady_lines(st))
+    assert "stopped rising after 3 rounds (the cap)" in " ".join(steady_lines(st))
+    st.update(rounds=2, curve=curve[:2])
+    assert "stopped rising after 2 rounds (" in " ".join(steady_lines(st))
     assert steady_lines(None) == [] and warm_label({}) == "short warm-up"
