@@ -222,7 +222,7 @@ def parse_args(argv=None):
     ap.add_argument("--steady-eps", type=float, default=0.02, help="the hit rate still rises while the mean of "
                     "the last --steady-patience rounds beats the mean of those before them by more than this")
     ap.add_argument("--steady-patience", type=int, default=2, help="rounds per mean compared")
-    ap.add_argument("--steady-max-rounds", type=int, default=12)
+    ap.add_argument("--steady-max-rounds", type=int, default=12, help="at most 500 (bench/steady.py: the round seeds)")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--rate-window", type=float, default=15.0,

@@ -12,7 +12,8 @@ The rule (`SteadyRule.plateaued`): stop after round k when the mean hit rate of 
 A round's rate is noisy (a few dozen lookups); comparing means of rounds, not a round against the
 best one before it (a maximum of noisy values, biased high), keeps noise from ending the warm-up
 while the rate still rises. At most `max_rounds` rounds: a run that gets there says it did not
-reach the plateau.
+reach the plateau. bench.serve draws round k's requests with seed 1000 s + 500 + k, so at most
+MAX_ROUNDS rounds: more would draw the requests of the next seed's workloads.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from bench.driver import drive, summarize
+
+MAX_ROUNDS = 500  # round seeds 1000 s + 500 .. 1000 s + 999 (bench/serve.py): within seed s's block
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,8 @@ class SteadyRule:
     max_rounds: int = 12
 
     def __post_init__(self):
-        if self.round_requests < 1 or self.patience < 1 or self.max_rounds < 2 * self.patience or self.eps < 0:
+        if self.round_requests < 1 or self.patience < 1 or self.eps < 0 \
+                or not 2 * self.patience <= self.max_rounds <= MAX_ROUNDS:
             raise ValueError(f"bad steady-state rule {self}")
 
     def plateaued(self, rates: list[float]) -> bool:

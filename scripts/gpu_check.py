@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -257,12 +258,14 @@ def row_fla(family: str):
             f"T={T} H={H} K=V={K}: fla {t_fla * 1e3:.2f} ms, torch fp32 {t_torch * 1e3:.1f} ms")
 
 
-def row_compose():
+def row_compose(n: int = 16, G: tuple = (8, 8), K: int = 128, V: int = 128):
+    """Triton vs torch composition on DEV: batched, a run of seams and bodies, a run of factored
+    bodies (n a multiple of 4); a test walks it on CPU under the Triton interpreter at a tiny size."""
     import torch
 
     from kernels.compose import compose_batched, compose_run_states
+    from kernels.linear_attn.lowrank import LowRankT, stack_transitions
 
-    n, G, K, V = 16, (8, 8), 128, 128
     out, worst = [], 0.0
     for form, tshape in (("scalar", ()), ("vector", (K,)), ("matrix", (K, K))):
         T = torch.rand(n, *G, *tshape, device=DEV)
@@ -276,8 +279,19 @@ def row_compose():
         t_run_ref, (e2, o2) = _timed(lambda: compose_run_states(T, S, T, S, S[0], form=form, backend="torch"))
         worst = max(worst, _rel(a, b), _rel(o1, o2), _rel(e1, e2))
         out.append(f"{form} {t_tri * 1e3:.2f}/{t_ref * 1e3:.2f} ms, run {t_run * 1e3:.2f}/{t_run_ref * 1e3:.2f} ms")
+    # a run whose bodies hold T as factors of ranks 8..63 (short segments: rank < K / 2), one launch
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    Tl = stack_transitions([LowRankT(torch.rand(1, *G, K, device=DEV, generator=gen),
+                                     torch.randn(1, *G, L, K, device=DEV, generator=gen) / K,
+                                     torch.randn(1, *G, L, K, device=DEV, generator=gen))
+                            for L in (8, 63, 31, 16) * (n // 4)])
+    Ta = torch.rand(n, *G, K, K, device=DEV) / K
+    t_low, (e1, o1) = _timed(lambda: compose_run_states(Ta, S, Tl, S, S[0], form="matrix", backend="triton"))
+    t_low_ref, (e2, o2) = _timed(lambda: compose_run_states(Ta, S, Tl, S, S[0], form="matrix", backend="torch"))
+    worst = max(worst, _rel(o1, o2), _rel(e1, e2))
+    out.append(f"factored run {t_low * 1e3:.2f}/{t_low_ref * 1e3:.2f} ms")
     return ("ok" if worst < 1e-4 else "FAIL", f"rel {worst:.1e}",
-            f"n={n}, 64 slices, K=V={K}, triton/torch (batched; run of n seams + n bodies): " + ", ".join(out))
+            f"n={n}, {math.prod(G)} slices, K={K} V={V}, triton/torch (batched; run of n seams + n bodies): " + ", ".join(out))
 
 
 def row_reuse(tmp: Path):

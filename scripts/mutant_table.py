@@ -46,14 +46,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("T-dropped-segment-major", "common/engine/pic/apply.py",
            "S_new = compose(body.summary, S_w)", "S_new = body.summary.S + S_w",
            ("tests/engine/pic/test_reuse_prefill.py",)),
-    Mutant("T-dropped-layer-major", "common/engine/pic/seam_plan.py",  # the per-segment scan (warm-up, minimax)
+    Mutant("T-dropped-layer-major", "common/engine/pic/seam_plan.py",  # the per-segment scan (warm-up bodies)
            "running = compose(body.summary, running)", "running = body.summary.S + running",
            ("tests/engine/pic/test_reuse_prefill.py",)),
     Mutant("T-dropped-run-kernel", "common/engine/pic/seam_plan.py",  # the run's one-launch scan
-           "Tb = torch.cat([b.T for b in bodies], 0)",
-           "Tb = torch.cat([identity_transition(seams.form, 1, b.S.shape[1], b.S.shape[2], b.S.device) "
-           "for b in bodies], 0)",
+           "Tb = stack_transitions([b.T for b in bodies])",
+           "Tb = torch.ones_like(seams.T) if seams.form != 'matrix' "
+           "else torch.eye(seams.T.shape[-1], device=seams.T.device).expand_as(seams.T)",  # T = I
            ("tests/engine/pic/test_compose_runs.py", "-k", "qwen3_5_text or nemotron_h")),
+    Mutant("factored-run-drops-its-low-rank-part", "kernels/compose/torch_ref.py",  # T = diag(gamma) only
+           "acc = Tb.select(i).float().apply(acc).add_(Sb[i].float())",
+           "acc = (Tb.select(i).gamma.float()[..., None] * acc).add_(Sb[i].float())",
+           ("tests/engine/pic/test_lowrank_entries.py", "-k", "one_call and qwen3_next")),
     Mutant("arrived-run-composed-out-of-order", "services/combine/servicer.py",
            "[ready.pop(j).entry for j in run]", "[ready.pop(j).entry for j in reversed(run)]",
            ("tests/services/combine/test_execute.py", "-k", "arrived_runs")),

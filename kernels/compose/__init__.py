@@ -71,8 +71,9 @@ def compose_batched(
 
 def compose_run_states(Ta, Sa, Tb, Sb, S_in=None, *, form: str | None = None, backend: str = "auto"):
     """A run of n segments, seam summary (Ta, Sa) then body summary (Tb, Sb) each, in one pass:
-    (states entering each seam [n, *G, K, V], state after the run [*G, K, V]), fp32. One Triton
-    launch on CUDA (kernels.compose.triton_run), the torch reference otherwise."""
+    (states entering each seam [n, *G, K, V], state after the run [*G, K, V]), fp32. Tb may be a
+    stacked kernels.linear_attn.lowrank.LowRankT (matrix form; `stack_transitions`), applied from
+    its factors. One Triton launch on CUDA (kernels.compose.triton_run), the torch reference otherwise."""
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     if backend == "auto":

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.linear_attn.lowrank import LowRankT
+
 FORMS = ("scalar", "vector", "matrix")
 
 
@@ -80,19 +82,47 @@ def compose_batched_torch(
     return (res, states) if return_all else res
 
 
-def compose_run_states_torch(Ta: torch.Tensor, Sa: torch.Tensor, Tb: torch.Tensor, Sb: torch.Tensor,
+def check_lowrank_shapes(T: LowRankT, n: int, G: tuple, K: int) -> int:
+    """The rank bound L of a stacked low-rank T for a run of n segments: gamma [n, *G, K], P and
+    Q [n, *G, L, K]. ValueError otherwise."""
+    L = T.P.shape[-2] if T.P.dim() >= 2 else -1
+    if tuple(T.gamma.shape) != (n,) + G + (K,) or tuple(T.P.shape) != (n,) + G + (L, K) \
+            or tuple(T.Q.shape) != tuple(T.P.shape):
+        raise ValueError(f"low-rank T must be gamma {(n,) + G + (K,)}, P and Q {(n,) + G + ('L', K)}; got "
+                         f"{tuple(T.gamma.shape)}, {tuple(T.P.shape)}, {tuple(T.Q.shape)}")
+    return L
+
+
+def check_run_shapes(Ta, Sa, Tb, Sb, S_in, form):
+    """(n, G, K, V) of a run: seam summaries (Ta, Sa) in `form`, body summaries (Tb, Sb) in `form`
+    or, for the matrix form, Tb a stacked kernels.linear_attn.lowrank.LowRankT."""
+    n, G, K, V = check_shapes(Ta, Sa, S_in, form)
+    if isinstance(Tb, LowRankT):
+        if form != "matrix":
+            raise ValueError(f"a low-rank body T needs the matrix form, not {form!r}")
+        check_shapes(Ta, Sb, S_in, form)
+        check_lowrank_shapes(Tb, n, G, K)
+    else:
+        check_shapes(Tb, Sb, S_in, form)
+    return n, G, K, V
+
+
+def compose_run_states_torch(Ta: torch.Tensor, Sa: torch.Tensor, Tb: torch.Tensor | LowRankT, Sb: torch.Tensor,
                              S_in: torch.Tensor | None = None, *, form: str | None = None):
     """A run of n segments, each a seam summary (Ta, Sa) followed by a body summary (Tb, Sb), all
-    [n, *G, ...] as in compose_batched: returns (entering [n, *G, K, V] fp32: the state entering
-    each segment's seam, S_out [*G, K, V] fp32: the state after the last body). The plain
+    [n, *G, ...] as in compose_batched (Tb may be a stacked LowRankT, kernels.linear_attn.lowrank
+    .stack_transitions, applied from its factors): returns (entering [n, *G, K, V] fp32: the state
+    entering each segment's seam, S_out [*G, K, V] fp32: the state after the last body). The plain
     reference of kernels.compose.triton_run (one launch for the whole run)."""
     form = form or infer_form(Ta, Sa)
-    n, G, K, V = check_shapes(Ta, Sa, S_in, form)
-    check_shapes(Tb, Sb, S_in, form)
+    n, G, K, V = check_run_shapes(Ta, Sa, Tb, Sb, S_in, form)
     acc = S_in.float().clone() if S_in is not None else Sa.new_zeros(G + (K, V), dtype=torch.float32)
     entering = torch.empty((n,) + G + (K, V), dtype=torch.float32, device=Sa.device)
     for i in range(n):
         entering[i].copy_(acc)
         acc = compose_batched_torch(Ta[i : i + 1], Sa[i : i + 1], acc, form=form, out_dtype=torch.float32)
-        acc = compose_batched_torch(Tb[i : i + 1], Sb[i : i + 1], acc, form=form, out_dtype=torch.float32)
+        if isinstance(Tb, LowRankT):
+            acc = Tb.select(i).float().apply(acc).add_(Sb[i].float())
+        else:
+            acc = compose_batched_torch(Tb[i : i + 1], Sb[i : i + 1], acc, form=form, out_dtype=torch.float32)
     return entering, acc

@@ -133,6 +133,41 @@ class LowRankT:
     def contiguous(self) -> "LowRankT":
         return self.map(torch.Tensor.contiguous)
 
+    def select(self, i: int) -> "LowRankT":
+        """Entry i of the leading dimension (segment i of a stacked run)."""
+        return self.map(lambda t: t[i])
+
+    def padded(self, rank: int) -> "LowRankT":
+        """The same T with its rank bound raised to `rank` by zero rows of P and Q (a zero row adds
+        nothing to P^T Q): how factors of different ranks are stacked into one run."""
+        extra = rank - self.rank
+        if extra < 0:
+            raise ValueError(f"cannot pad rank {self.rank} down to {rank}")
+        if extra == 0:
+            return self
+        pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, extra))  # noqa: E731
+        return LowRankT(self.gamma, pad(self.P), pad(self.Q))
+
+
+def stack_transitions(Ts: list) -> "torch.Tensor | LowRankT":
+    """The transitions of a run's bodies (each [B, *G, ...], dense tensors or LowRankT), concatenated
+    along the leading dimension for kernels.compose.compose_run_states: dense ones as one tensor,
+    factored ones as one LowRankT with every rank padded to the largest (`LowRankT.padded`). A run
+    mixing both is stacked dense, each factored T formed (L K^2 per head, the order of one dense
+    composition step), so the run is still composed in one pass."""
+    if not Ts:
+        raise ValueError("no transitions to stack")
+    low = [isinstance(T, LowRankT) for T in Ts]
+    if all(low):
+        rank = max(T.rank for T in Ts)
+        dtype = Ts[0].dtype if all(T.dtype == Ts[0].dtype for T in Ts) else torch.float32
+        parts = [T.padded(rank).to(dtype) for T in Ts]
+        return LowRankT(*(torch.cat([getattr(T, f) for T in parts], 0) for f in ("gamma", "P", "Q")))
+    dense = [T.dense() if is_low else T for T, is_low in zip(Ts, low)]
+    if any(T.dtype != dense[0].dtype for T in dense):
+        dense = [T.float() for T in dense]
+    return torch.cat(dense, 0)
+
 
 def transition_factors(k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor | None = None) -> LowRankT:
     """The LowRankT of the segment given by k [B, L, Hk, K] (as the kernels take them; Hk may

@@ -36,7 +36,7 @@ def test_patience_one_and_zero_eps():
 
 
 @pytest.mark.parametrize("kw", [dict(round_requests=0), dict(patience=0), dict(eps=-0.1),
-                                dict(patience=3, max_rounds=5)])
+                                dict(patience=3, max_rounds=5), dict(max_rounds=501)])
 def test_a_rule_that_could_never_end_or_never_measure_is_refused(kw):
     with pytest.raises(ValueError):
         SteadyRule(**kw)
@@ -49,6 +49,9 @@ def test_serve_refuses_steady_without_hypic():
         serve.parse_args(["--steady", "--modes", "full", "prefix"])
     with pytest.raises(SystemExit):
         serve.parse_args(["--steady", "--steady-patience", "3", "--steady-max-rounds", "5"])
+    with pytest.raises(SystemExit):  # round seeds would run into the next seed's block
+        serve.parse_args(["--steady", "--steady-max-rounds", "501"])
+    assert serve.parse_args(["--steady", "--steady-max-rounds", "500"]).steady_max_rounds == 500
 
 
 @pytest.mark.processes

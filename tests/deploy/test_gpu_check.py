@@ -6,6 +6,7 @@ here every one of them must be reported as skipped, with the reason, and nothing
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,19 @@ def test_the_combine_ipc_row_walks_its_code_on_cpu_by_the_host_path(tmp_path):
     status, value, detail = gpu_tier.row_combine_ipc(tmp_path, "cpu", n_tokens=64, walk_on_cpu=True)
     assert status == "ok", detail
     assert value.startswith("host ") and "path host (expected host)" in detail
+
+
+@pytest.mark.processes  # the Triton interpreter is read at import: a child process
+def test_the_compose_row_walks_its_code_on_cpu_under_the_interpreter():
+    """The Triton compose row (batched, run, factored run) at a tiny size on CPU: its kernels under
+    TRITON_INTERPRET=1 against the torch references, as the GPU session runs them."""
+    pytest.importorskip("triton")
+    script = ("import sys; sys.path[:0] = [{root!r}, {scripts!r}]\n"
+              "import gpu_check; gpu_check.DEV = 'cpu'\n"
+              "print('ROW', gpu_check.row_compose(n=4, G=(2,), K=32, V=20))\n").format(
+        root=str(ROOT), scripts=str(ROOT / "scripts"))
+    r = subprocess.run([sys.executable, "-c", script], env={**os.environ, "TRITON_INTERPRET": "1"},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    row = r.stdout.split("ROW", 1)[1]
+    assert "'ok'" in row and "factored run" in row and "2 slices, K=32 V=20" in row, row

@@ -2,7 +2,8 @@
 that segment_summary computes, and apply_lowrank equals the dense product, on random inputs of odd
 sizes with fresh seeds (relative errors). The general factors entries store (transition_factors,
 LowRankT: every delta family, kda's per-channel gates included) against a plain fp64 product of the
-per-token transitions and against segment_summary, and LowRankT.apply against the formed T."""
+per-token transitions and against segment_summary, and LowRankT.apply against the formed T; a run's
+transitions stacked for one composition (stack_transitions) against the formed ones."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,8 @@ import torch.nn.functional as F
 
 from kernels.linear_attn import segment_summary
 from kernels.linear_attn.lowrank import (FACTOR_FAMILIES, LOWRANK_FAMILIES, LowRankT, apply_lowrank, lowrank_dense,
-                                        lowrank_pays, transition_factors, wy_factors)
+                                        lowrank_pays, stack_transitions, transition_factors,
+                                        wy_factors)
 
 
 def rel(a, b):
@@ -132,3 +134,35 @@ def test_lowrank_t_stands_in_for_a_tensor(fresh_seed):
     assert f.device == k.device and f.contiguous().P.is_contiguous() and f.element_size() == 4
     wrong = LowRankT(f.gamma, f.P.flip(2), f.Q)  # the tokens' order matters
     assert rel(wrong.dense(), f.dense()) > 1e-3
+
+
+def _factors(gen, L, H=3, K=16):
+    k = F.normalize(torch.randn(1, L, H, K, generator=gen), dim=-1)
+    return transition_factors(k, torch.rand(1, L, H, generator=gen), -torch.rand(1, L, H, K, generator=gen))
+
+
+def test_stacked_factors_of_different_ranks_are_the_formed_transitions(fresh_seed):
+    gen = torch.Generator().manual_seed(fresh_seed)
+    Ts = [_factors(gen, L) for L in (1, 7, 4)]
+    stacked = stack_transitions(Ts)
+    assert isinstance(stacked, LowRankT) and stacked.rank == 7 and stacked.P.shape == (3, 3, 7, 16)
+    formed = torch.cat([T.dense() for T in Ts], 0)
+    assert rel(stacked.dense(), formed) < 1e-6  # the zero rows padding ranks 1 and 4 add nothing
+    S = torch.randn(3, 3, 16, 5, generator=gen)
+    assert rel(stacked.apply(S), formed @ S) < 1e-5
+    assert rel(stacked.select(1).dense(), Ts[1].dense()) < 1e-6
+    with pytest.raises(ValueError):
+        Ts[1].padded(3)
+
+
+def test_a_run_mixing_factors_and_dense_transitions_is_stacked_dense(fresh_seed):
+    gen = torch.Generator().manual_seed(fresh_seed)
+    low, dense = _factors(gen, 5), torch.randn(1, 3, 16, 16, generator=gen, dtype=torch.float64)
+    stacked = stack_transitions([low, dense, low])
+    assert isinstance(stacked, torch.Tensor) and stacked.shape == (3, 3, 16, 16)
+    assert stacked.dtype == torch.float32  # mixed dtypes widen to fp32
+    assert rel(stacked[0], low.dense()[0]) < 1e-7 and rel(stacked[1], dense[0]) < 1e-7
+    plain = [torch.randn(1, 2, 4, 4, generator=gen) for _ in range(3)]
+    assert torch.equal(stack_transitions(plain), torch.cat(plain, 0))
+    with pytest.raises(ValueError):
+        stack_transitions([])

@@ -15,7 +15,8 @@ from common.engine.pic.entry import SegmentEntry
 from common.engine.state import AttentionLayerState, LinearLayerState, ModelState
 from kernels.compose import compose_run_states
 from kernels.compose import compose_summary as compose  # Triton on CUDA, torch on CPU (one chooser)
-from kernels.linear_attn import FAMILY_GATE, linear_attention, segment_summary
+from kernels.linear_attn import linear_attention, segment_summary
+from kernels.linear_attn.lowrank import stack_transitions
 
 
 def _rows(t, rows):
@@ -152,7 +153,7 @@ class SeamPlan:
         q, k, v, g, beta, aux, _ = mixer.features(X, torch.cat(tails_in, 0))
         running = before.recurrent if before is not None else torch.zeros_like(bodies[0].S)
         feats = (q, k, v, g, beta)
-        if run_composable(mixer.family, bodies):
+        if run_composable(bodies):
             o, running = self._scan_run(mixer, feats, bodies, running)
         else:
             o, running = self._scan_one_by_one(mixer, feats, bodies, running, conv_after_seam)
@@ -189,10 +190,15 @@ class SeamPlan:
         from zero (one batched call; the padding rows made identity steps: k, v, beta and the
         log-decay zero), the run's 2n summaries composed in one launch (kernels.compose
         .compose_run_states: the state entering each seam and after the run), every seam's
-        outputs from its entering state (one batched call)."""
-        q, k, v, g, beta = (_padding_zeroed(t, self.spans) for t in feats)
+        outputs from its entering state (one batched call). A log-decay fixed per head (g [H]) is
+        given per token ([n, wmax, H], the same on every row; the kernels take both) so that the
+        padding rows' gates can be zero."""
+        q, k, v, g, beta = feats
+        if g is not None and g.dim() == 1:
+            g = g.view(1, 1, -1).expand(q.shape[0], q.shape[1], -1)
+        q, k, v, g, beta = (_padding_zeroed(t, self.spans) for t in (q, k, v, g, beta))
         seams = segment_summary(mixer.family, k, v, g=g, beta=beta)
-        Tb = torch.cat([b.T for b in bodies], 0)
+        Tb = stack_transitions([b.T for b in bodies])  # dense, or factors padded to one rank
         Sb = torch.cat([b.S for b in bodies], 0)
         entering, after = compose_run_states(seams.T, seams.S, Tb, Sb, running[0], form=seams.form)
         o, _ = linear_attention(mixer.family, q, k, v, g=g, beta=beta, initial_state=entering, scale=mixer.scale)
@@ -221,13 +227,13 @@ class SeamPlan:
         return tails_in, after_seam, run_conv
 
 
-def run_composable(family: str, bodies) -> bool:
+def run_composable(bodies) -> bool:
     """Whether SeamPlan._scan_run covers a linear layer's run: no body re-runs warm-up tokens (their
-    conv patch is not a summary), padding rows can be made identity steps (a per-head constant
-    decay, gate "head", would decay them), and every T is a tensor (a low-rank T,
-    kernels.linear_attn.lowrank.LowRankT, is applied from its factors one body at a time)."""
-    return FAMILY_GATE[family] != "head" and all(b.warmup_inputs is None and isinstance(b.T, torch.Tensor)
-                                                 for b in bodies)
+    conv patch is not a summary). Every family is covered (a per-head decay is given per token there,
+    so that padding rows are identity steps), and so are bodies whose T is held as factors
+    (kernels.linear_attn.lowrank.LowRankT, stacked for the one launch by
+    kernels.linear_attn.lowrank.stack_transitions)."""
+    return all(b.warmup_inputs is None for b in bodies)
 
 
 def _padding_zeroed(t: torch.Tensor | None, spans) -> torch.Tensor | None:

@@ -124,3 +124,35 @@ def test_a_kept_state_is_never_overwritten_by_an_arena(engine, fresh_seed):
     # once composition is over the state stops carrying the arenas (their keys stay views)
     done = without_arenas(a)
     assert ARENAS in a.extra and ARENAS not in done.extra and state_rel(done, a) == 0.0
+
+
+def test_every_family_composes_a_run_in_one_call_per_linear_layer(engine, fresh_seed, monkeypatch):
+    """The layer-major pass composes each linear layer's run in one kernels.compose.compose_run_states
+    call (one Triton launch on CUDA), the per-head decays of lightning attention (MiniMax) included;
+    given as [H] instead of per token, such a decay composes to the same state."""
+    import common.engine.pic.seam_plan as seam_plan
+
+    calls, real = [], seam_plan.compose_run_states
+    monkeypatch.setattr(seam_plan, "compose_run_states",
+                        lambda *a, **kw: calls.append(a[1].shape[0]) or real(*a, **kw))
+    g = torch.Generator().manual_seed(fresh_seed)
+    segs = [torch.randint(0, engine.vocab_size, (L,), generator=g).tolist() for L in (19, 27, 14)]
+    entries = [build_entry(engine, s, w) for s, w in zip(segs, (8, 3, 6))]  # seams of 3 rows padded to 8
+    reference = prefill_segment_major(engine, entries)
+    calls.clear()
+    state = compose_run(engine, engine.new_state(), entries)
+    linear = [layer for layer in engine.model.layers if layer.kind == "linear"]
+    assert calls == [len(segs)] * len(linear)
+    assert state_rel(state, reference) < 1e-5
+    head_gated = [layer.mixer for layer in linear if layer.mixer.family == "retnet"]
+    for mixer in head_gated:  # the gate as one log-decay per head
+        features = mixer.features
+        monkeypatch.setattr(mixer, "features", lambda x, tail, f=features: _head_gate(f(x, tail)))
+    if head_gated:
+        assert state_rel(compose_run(engine, engine.new_state(), entries), reference) < 1e-5
+
+
+def _head_gate(features):
+    q, k, v, g, *rest = features
+    assert g.dim() == 3 and torch.equal(g, g[:1, :1].expand_as(g))  # the same on every token
+    return (q, k, v, g[0, 0], *rest)

@@ -113,6 +113,36 @@ def test_lowrank_entries_give_the_dense_entries_logits(engine, fresh_seed, seam,
     assert rel(lost, ref) > 1e-2  # T matters to these logits: the comparison above could fail
 
 
+@pytest.mark.parametrize("mix", ["factored", "mixed"])
+def test_a_run_with_factored_bodies_is_composed_in_one_call_per_layer(engine, fresh_seed, monkeypatch, mix):
+    """The layer-major pass composes a run in one kernels.compose.compose_run_states call per linear
+    layer (one Triton launch on CUDA) whether its bodies hold T as factors, or some do and some do
+    not, and gives the dense entries' logits."""
+    import common.engine.pic.seam_plan as seam_plan
+
+    calls, real = [], seam_plan.compose_run_states
+
+    def spy(Ta, Sa, Tb, Sb, *args, **kwargs):
+        calls.append((isinstance(Tb, LowRankT), Sa.shape[0]))
+        return real(Ta, Sa, Tb, Sb, *args, **kwargs)
+
+    monkeypatch.setattr(seam_plan, "compose_run_states", spy)
+    seam = 3
+    lengths = [seam + 5 + fresh_seed % 7, seam + 4, seam + 9 + fresh_seed % 3, seam + 6]
+    segs = [_ids(engine, fresh_seed + i, n) for i, n in enumerate(lengths)]
+    query = _ids(engine, fresh_seed + 9, 4)
+    dense = [build_entry(engine, s, seam, lowrank="never") for s in segs]
+    low = [build_entry(engine, s, seam, lowrank="always" if mix == "factored" or j % 2 == 0 else "never")
+           for j, s in enumerate(segs)]
+    ref = engine.prefill_segments(segs, query, entries=dense, seam=seam, order="layer").logits
+    calls.clear()
+    got = engine.prefill_segments(segs, query, entries=low, seam=seam, order="layer").logits
+    linear = [i for i, layer in enumerate(engine.model.layers) if layer.kind == "linear"]
+    assert len(calls) == len(linear) and all(n == len(segs) for _, n in calls)
+    assert sum(factored for factored, _ in calls) == (len(_matrix_layers(engine)) if mix == "factored" else 0)
+    assert rel(got, ref) < LOGIT_TOL
+
+
 def test_the_fused_build_equals_the_reference_in_lowrank_form(engine, fresh_seed):
     ids = _ids(engine, fresh_seed, 9)
     got, ref = build_entry(engine, ids, 3), build_entry_reference(engine, ids, 3)
