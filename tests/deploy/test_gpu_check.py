@@ -185,3 +185,39 @@ def test_the_compose_row_walks_its_code_on_cpu_under_the_interpreter():
     assert r.returncode == 0, r.stderr[-3000:]
     row = r.stdout.split("ROW", 1)[1]
     assert "'ok'" in row and "factored run" in row and "2 slices, K=32 V=20" in row, row
+
+
+def test_the_engine_and_reuse_rows_walk_their_code_on_cpu(tmp_path, monkeypatch):
+    """The engine rows (one per kernel family's model) and the entry build + reuse row, pointed at
+    the CPU: their own code runs through (on CPU the bf16 run is its own baseline, so each is ok)."""
+    monkeypatch.setattr(gpu_check, "DEV", "cpu")
+    rows = [lambda f=f: gpu_check.row_engine(tmp_path, f) for f in ("gated_deltanet", "kda", "mamba2")]
+    for fn in rows + [lambda: gpu_check.row_reuse(tmp_path)]:
+        status, value, detail = fn()
+        assert status == "ok", (value, detail)
+        assert "path torch" in detail or "warm reuse" in detail
+
+
+@pytest.mark.processes  # a mesh of processes
+def test_the_mesh_row_walks_its_code_on_cpu(tmp_path, monkeypatch):
+    """The mesh row on CPU: the demo's session through a real mesh (segcache's device tier asked for
+    and off without CUDA), both answers the expected ones."""
+    monkeypatch.setattr(gpu_check, "DEV", "cpu")
+    status, value, detail = gpu_check.row_mesh(tmp_path)
+    assert status == "ok", (value, detail)
+    assert value.startswith("TTFT cold") and "expected" in detail
+
+
+@pytest.mark.processes  # the reader and a spawned holder
+def test_the_nixl_row_walks_its_code_on_cpu(monkeypatch):
+    """The NIXL row on CPU: a real READ between two processes, host memory at both ends, so the row
+    says DRAM (it is ok only for VRAM) and the bytes read equal those written."""
+    from common.mesh.nixl_util import load_nixl
+
+    api, why = load_nixl()
+    if api is None:
+        pytest.skip(f"nixl: {why}")
+    monkeypatch.setattr(gpu_check, "DEV", "cpu")
+    status, value, detail = gpu_check.row_nixl(nbytes=1 << 20)
+    assert (status, detail.split(",")[1:]) == ("FAIL", [" remote mem DRAM", " bytes equal"]), (status, detail)
+    assert value.endswith("GB/s") and detail.startswith("1 MiB READ")
