@@ -55,7 +55,7 @@ gpu-check:
 	$(PY) scripts/gpu_check.py --json gpu-check.json
 
 # The pinned cp312 manylinux x86_64 wheels of requirements/gpu-wheels.txt, for a GPU machine without
-# network (they travel with the working tree: 64 MiB in all, measured about 11 MiB; nixl's CUDA
+# network (they travel with the working tree: 64 MiB in all, measured about 19 MiB; nixl's CUDA
 # build, 56-66 MiB alone, does not fit).
 GPU_WHEELS := .gpu-wheels
 gpu-wheels:

@@ -147,7 +147,9 @@ def _start_segcache(tmp: Path, args: list[str]):
     with open(log_path, "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "services.segcache", "--port", "0", "--port-file",
                                  str(port_file), "--data-dir", str(tmp / "segcache-combine"), *args], cwd=root,
-                                env={**os.environ, "PYTHONPATH": str(root)}, stdout=log, stderr=log)
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(  # keep gpu_check's wheels
+                                    [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])},
+                                stdout=log, stderr=log)
     end = time.monotonic() + 120
     while not port_file.exists():
         if proc.poll() is not None or time.monotonic() > end:

@@ -81,7 +81,9 @@ def test_wheel_list_is_pinned_and_names_what_the_gpu_path_imports():
     pins = gpu_check.pinned_wheels()
     names = {p.split("==")[0] for p in pins}
     assert {"flash-linear-attention", "fla-core", "lmdb", "structlog", "fastapi", "uvicorn"} <= names
-    assert not names & {"torch", "triton", "transformers", "numpy", "grpcio"}  # the machine's own
+    # protos/ was generated for these: its modules refuse an older grpcio or another protobuf major
+    assert {"grpcio", "grpcio-health-checking", "protobuf", "opentelemetry-api"} <= names
+    assert not names & {"torch", "triton", "transformers", "numpy"}  # the machine's own
 
 
 def test_unpinned_wheel_line_is_refused(tmp_path):
@@ -221,3 +223,68 @@ def test_the_nixl_row_walks_its_code_on_cpu(monkeypatch):
     status, value, detail = gpu_check.row_nixl(nbytes=1 << 20)
     assert (status, detail.split(",")[1:]) == ("FAIL", [" remote mem DRAM", " bytes equal"]), (status, detail)
     assert value.endswith("GB/s") and detail.startswith("1 MiB READ")
+
+
+# What a GPU session imports: the rows, the mesh they start (every service's entry point, the front
+# and the engine with transformers, which the services import lazily), the demo's session.
+GPU_PATH_MODULES = ("gpu_check", "gpu_mid", "gpu_tier", "hypic.launcher", "bench.demo", "bench.random_model",
+                    "common.engine.hybrid_engine", "transformers", "services.front.app",
+                    *(f"services.{s}.__main__" for s in ("router", "segcache", "scatter", "combine", "front")))
+# imported only to see whether they are there: grpc probes grpc_tools, structlog's console rich
+# (with pygments); setuptools' import hook comes with any venv
+OPTIONAL = {"grpcio-tools", "rich", "pygments", "setuptools"}
+_CLOSURE = """
+import importlib, importlib.metadata as md, json, sys
+from pathlib import Path
+sys.path[:0] = [{root!r}, {scripts!r}]
+for m in {mods!r}:
+    importlib.import_module(m)
+owner = {{str(Path(d.locate_file(f)).resolve()): d.metadata["Name"]
+         for d in md.distributions() for f in (d.files or ()) if f.suffix in (".py", ".so")}}
+used = {{owner.get(str(Path(m.__file__).resolve())) for m in list(sys.modules.values()) if getattr(m, "__file__", None)}}
+print(json.dumps(sorted(u for u in used if u)))
+"""
+
+
+def _dist(name: str) -> str:
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
+
+
+@pytest.mark.processes  # a fresh interpreter, so that only these imports count
+def test_every_distribution_the_gpu_path_imports_is_on_the_machine_or_among_the_wheels():
+    """A bare GPU machine has only its image's packages (requirements/gpu-machine.txt) and the wheels
+    `make gpu-wheels` carries: a distribution the rows or the mesh import from neither would end the
+    one GPU try on an ImportError."""
+    script = _CLOSURE.format(root=str(ROOT), scripts=str(ROOT / "scripts"), mods=GPU_PATH_MODULES)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    used = {_dist(n) for n in json.loads(r.stdout.strip().splitlines()[-1])}
+    assert {"torch", "grpcio", "protobuf", "lmdb", "transformers"} <= used  # the walk saw the path
+    machine = [line.strip() for line in (ROOT / "requirements" / "gpu-machine.txt").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    wheels = {_dist(p.split("==")[0]) for p in gpu_check.pinned_wheels()}  # installed --no-deps
+    assert used - _with_requirements({_dist(n) for n in machine}) - wheels - {"hypic"} - OPTIONAL == set()
+
+
+def _with_requirements(names: set[str]) -> set[str]:
+    """`names` and everything they require, as installed here: what a machine's own package imports
+    (huggingface_hub's HTTP client, say) comes with that package there."""
+    import importlib.metadata as md
+    import re
+
+    out, todo = set(names), list(names)
+    while todo:
+        try:
+            reqs = md.distribution(todo.pop()).requires or []
+        except md.PackageNotFoundError:
+            continue
+        for req in reqs:
+            if "extra ==" in req:
+                continue
+            name = _dist(re.split(r"[ ;<>=!~\[(]", req.strip(), maxsplit=1)[0])
+            if name not in out:
+                out.add(name)
+                todo.append(name)
+    return out
