@@ -100,7 +100,7 @@ def check_run_shapes(Ta, Sa, Tb, Sb, S_in, form):
     if isinstance(Tb, LowRankT):
         if form != "matrix":
             raise ValueError(f"a low-rank body T needs the matrix form, not {form!r}")
-        check_shapes(Ta, Sb, S_in, form)
+        check_shapes(Ta, Sb, S_in, form)  # Sb against the seams' shapes: the same [n, *G, K, V]
         check_lowrank_shapes(Tb, n, G, K)
     else:
         check_shapes(Tb, Sb, S_in, form)
