@@ -23,7 +23,9 @@ def test_causal_attention_matches_the_definition(shape, dtype, tol, fresh_seed):
     got = causal_attention(q, k, v, scale)
     ref = causal_attention_reference(q, k, v, scale)
     assert got.shape == (2, Tq, H, Dv) and got.dtype == dtype
-    assert (got.float() - ref.float()).abs().max() < tol
+    # relative to each output's size (at least 1): a bf16 output in [4, 8) is one unit in the last
+    # place, 2^-5, from its neighbours, past an absolute 3e-2 (failed so at seed 2911952868)
+    assert ((got.float() - ref.float()).abs() / ref.float().abs().clamp(min=1.0)).max() < tol
 
 
 def test_the_offset_path_is_the_merge_and_the_fallback_agrees(fresh_seed, monkeypatch):
