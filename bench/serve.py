@@ -118,7 +118,6 @@ def warm_up(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> d
     return out
 
 
-
 def closed_loop(mesh: Mesh, enc: Encoder, wl: dict, replay: PrefixReplay, args) -> dict:
     out = {}
     for shape in wl["closed"]:
